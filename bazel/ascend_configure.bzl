@@ -1,0 +1,79 @@
+"""Configures the Huawei CANN toolkit for --config=ascend.
+
+TF_NEED_ASCEND != "1": a stub repository whose targets are incompatible with every platform, so
+`bazel build //...` on CPU/CUDA skips Ascend-only targets. TF_NEED_ASCEND == "1": the toolkit at
+ASCEND_TOOLKIT_PATH (default /usr/local/Ascend/ascend-toolkit/latest) must hold include/acl/acl.h
+and lib64/libascendcl.so, else the build stops at once with a message that says what is missing.
+"""
+
+_DEFAULT_TOOLKIT = "/usr/local/Ascend/ascend-toolkit/latest"
+
+_REQUIRED = ["include/acl/acl.h", "lib64/libascendcl.so"]
+
+_BUILD_DEFS = """
+def if_ascend(if_true, if_false = []):
+    \"\"\"Selects if_true under --config=ascend.\"\"\"
+    return select({{
+        "@//:using_ascend": if_true,
+        "//conditions:default": if_false,
+    }})
+
+ASCEND_ENABLED = {enabled}
+ASCEND_TOOLKIT_PATH = "{path}"
+"""
+
+def _stub(ctx):
+    ctx.file("BUILD", """
+package(default_visibility = ["//visibility:public"])
+
+# CANN is not configured (TF_NEED_ASCEND != 1): these targets are skipped by //... .
+cc_library(name = "ascend_headers", target_compatible_with = ["@//bazel:sdk_missing"])
+cc_library(name = "ascend", target_compatible_with = ["@//bazel:sdk_missing"])
+cc_library(name = "hccl", target_compatible_with = ["@//bazel:sdk_missing"])
+""")
+    ctx.file("build_defs.bzl", _BUILD_DEFS.format(enabled = "False", path = ""))
+
+def _ascend_configure_impl(ctx):
+    if ctx.os.environ.get("TF_NEED_ASCEND", "0") != "1":
+        _stub(ctx)
+        return
+    toolkit = ctx.os.environ.get("ASCEND_TOOLKIT_PATH") or _DEFAULT_TOOLKIT
+    missing = [f for f in _REQUIRED if not ctx.path(toolkit + "/" + f).exists]
+    if missing:
+        fail(("\n--config=ascend needs the Huawei CANN toolkit, but %s is missing %s.\n" +
+              "  * Install CANN (toolkit + kernels) and `source <install>/set_env.sh`, or\n" +
+              "  * set ASCEND_TOOLKIT_PATH to the toolkit folder that holds include/acl/acl.h and lib64/libascendcl.so\n" +
+              "    (e.g. `bazel build --config=ascend --repo_env=ASCEND_TOOLKIT_PATH=/path/to/ascend-toolkit/latest //...`), or\n" +
+              "  * build for this machine's CPU instead: `bazel build --config=cpu //...` (the default).") %
+             (toolkit, " and ".join(missing)))
+    ctx.symlink(toolkit + "/include", "include")
+    ctx.symlink(toolkit + "/lib64", "lib64")
+    ctx.file("BUILD", """
+package(default_visibility = ["//visibility:public"])
+
+cc_library(
+    name = "ascend_headers",
+    hdrs = glob(["include/**/*.h"]),
+    includes = ["include"],
+)
+
+# libascendcl (ACL runtime). Linked dynamically from the toolkit: the runtime must be the installed one.
+cc_library(
+    name = "ascend",
+    linkopts = ["-L{lib}", "-Wl,-rpath,{lib}", "-lascendcl"],
+    deps = [":ascend_headers"],
+)
+
+cc_library(
+    name = "hccl",
+    linkopts = ["-L{lib}", "-lhccl"],
+    deps = [":ascend"],
+)
+""".format(lib = toolkit + "/lib64"))
+    ctx.file("build_defs.bzl", _BUILD_DEFS.format(enabled = "True", path = toolkit))
+
+ascend_configure = repository_rule(
+    implementation = _ascend_configure_impl,
+    environ = ["TF_NEED_ASCEND", "ASCEND_TOOLKIT_PATH"],
+    local = True,
+)
