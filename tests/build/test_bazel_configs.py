@@ -1,0 +1,74 @@
+"""The Bazel configurations: Ascend fails fast and clearly without CANN, analyses and links with a
+(fake) CANN tree, and the CPU build skips Ascend-only targets.
+
+These run Bazel themselves, so they run outside `bazel test` (scripts/test.sh runs them after it).
+"""
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(shutil.which("bazel") is None, reason="bazel is not installed")
+
+
+def bazel(*args, env=None, timeout=600):
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run(["bazel", *args], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def make_fake_cann(root: Path) -> Path:
+    """include/acl/acl.h with the few declarations the bridge uses + an empty libascendcl.so."""
+    (root / "include" / "acl").mkdir(parents=True)
+    (root / "lib64").mkdir()
+    (root / "include" / "acl" / "acl.h").write_text(
+        "#pragma once\n#include <stdint.h>\n"
+        "typedef int aclError;\n#define ACL_SUCCESS 0\n"
+        "#ifdef __cplusplus\nextern \"C\" {\n#endif\n"
+        "aclError aclrtGetDeviceCount(uint32_t *count);\n"
+        "#ifdef __cplusplus\n}\n#endif\n"
+    )
+    empty = root / "empty.c"
+    empty.write_text("")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(root / "lib64" / "libascendcl.so"), str(empty)], check=True)
+    (root / "lib64" / "libhccl.so").symlink_to(root / "lib64" / "libascendcl.so")
+    return root
+
+
+def test_ascend_without_cann_fails_fast_naming_what_is_missing(tmp_path):
+    start = time.monotonic()
+    res = bazel("build", "--config=ascend", f"--repo_env=ASCEND_TOOLKIT_PATH={tmp_path}/no-cann", "//...")
+    elapsed = time.monotonic() - start
+    assert res.returncode != 0
+    err = res.stderr
+    assert "include/acl/acl.h" in err and "lib64/libascendcl.so" in err
+    assert "ASCEND_TOOLKIT_PATH" in err
+    assert "--config=cpu" in err
+    # "Within seconds": generous bound for a loaded 2-core CI machine; the analysis never starts.
+    assert elapsed < 120, f"took {elapsed:.0f}s"
+
+
+def test_ascend_with_a_fake_cann_tree_analyses_compiles_and_links(tmp_path):
+    cann = make_fake_cann(tmp_path / "cann")
+    res = bazel("build", "--config=ascend", f"--repo_env=ASCEND_TOOLKIT_PATH={cann}", "//rtp_llm/cpp/ascend/...",
+                "//rtp_llm:_C.so")
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = bazel("info", "--config=ascend", f"--repo_env=ASCEND_TOOLKIT_PATH={cann}", "bazel-bin").stdout.strip()
+    lib = Path(out) / "rtp_llm" / "cpp" / "ascend" / "libascend_bridge.so"
+    assert lib.exists()
+    dynamic = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout
+    assert "libascendcl.so" in dynamic
+
+
+def test_cpu_build_skips_ascend_only_targets():
+    res = bazel("build", "--config=cpu", "//...")
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = bazel("info", "--config=cpu", "bazel-bin").stdout.strip()
+    assert not (Path(out) / "rtp_llm" / "cpp" / "ascend" / "libascend_bridge.so").exists()
+    assert (Path(out) / "rtp_llm" / "_C.so").exists()
