@@ -1,0 +1,219 @@
+"""ModelConfig: the shape of a decoder-only model, from a Hugging Face config.json or GGUF metadata.
+
+Both config.json dialects are accepted: transformers 4 (top-level `rope_theta`, `rope_scaling`,
+`torch_dtype`) and transformers 5 (`rope_parameters`, `dtype`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from rtp_llm.models.errors import CheckpointError, UnknownArchitectureError
+
+# HF architecture -> upstream RTP-LLM model_type name.
+ARCHITECTURES = {
+    "Qwen3ForCausalLM": "qwen_3",
+    "Qwen2ForCausalLM": "qwen_2",
+    "LlamaForCausalLM": "llama",
+}
+# Accepted --model_type spellings (upstream's first) -> canonical.
+MODEL_TYPES = {"qwen_3": "qwen_3", "qwen3": "qwen_3", "qwen_2": "qwen_2", "qwen2": "qwen_2", "llama": "llama"}
+GGUF_ARCHITECTURES = {"qwen3": "qwen_3", "qwen2": "qwen_2", "llama": "llama"}
+_DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+           "float16": torch.float16, "half": torch.float16}
+
+
+def parse_dtype(name: str | None, default: torch.dtype = torch.float32) -> torch.dtype:
+    if name is None or name == "auto":
+        return default
+    if isinstance(name, torch.dtype):
+        return name
+    try:
+        return _DTYPES[str(name).replace("torch.", "")]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {name!r}; use auto, float32, bfloat16 or float16") from None
+
+
+def canonical_model_type(model_type: str) -> str:
+    try:
+        return MODEL_TYPES[model_type]
+    except KeyError:
+        raise UnknownArchitectureError(
+            f"unknown model_type {model_type!r}; supported: qwen_3, qwen_2, llama") from None
+
+
+@dataclass
+class RopeConfig:
+    theta: float = 10000.0
+    type: str = "default"  # default | linear | llama3
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "RopeConfig":
+        params = dict(cfg.get("rope_parameters") or {})
+        scaling = cfg.get("rope_scaling") or {}
+        theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        merged = {**scaling, **params}
+        rope_type = merged.get("rope_type", merged.get("type", "default")) or "default"
+        if rope_type not in ("default", "linear", "llama3"):
+            raise CheckpointError(f"unsupported RoPE scaling type {rope_type!r}; supported: default, linear, llama3")
+        rope = cls(theta=float(theta), type=rope_type)
+        if rope_type in ("linear", "llama3"):
+            rope.factor = float(merged["factor"])
+        if rope_type == "llama3":
+            rope.low_freq_factor = float(merged["low_freq_factor"])
+            rope.high_freq_factor = float(merged["high_freq_factor"])
+            rope.original_max_position_embeddings = int(merged["original_max_position_embeddings"])
+        return rope
+
+
+@dataclass
+class ModelConfig:
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    dtype: torch.dtype = torch.float32  # the checkpoint's own dtype ("auto" resolves to it)
+    bos_token_id: Optional[int] = None
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise CheckpointError(
+                f"num_attention_heads ({self.num_heads}) must be a multiple of num_key_value_heads "
+                f"({self.num_kv_heads})")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    # --- Hugging Face config.json ----------------------------------------------------------------
+    @classmethod
+    def from_hf_dict(cls, cfg: dict[str, Any], model_type: str | None = None) -> "ModelConfig":
+        archs = cfg.get("architectures") or []
+        if model_type is not None:
+            mt = canonical_model_type(model_type)
+            arch = next(a for a, t in ARCHITECTURES.items() if t == mt)
+        else:
+            known = [a for a in archs if a in ARCHITECTURES]
+            if not known:
+                raise UnknownArchitectureError(
+                    f"unknown architecture {archs or cfg.get('model_type')!r}; supported: "
+                    f"{', '.join(ARCHITECTURES)} (or pass --model_type qwen_3 | qwen_2 | llama)")
+            arch = known[0]
+            mt = ARCHITECTURES[arch]
+        try:
+            hidden = int(cfg["hidden_size"])
+            heads = int(cfg["num_attention_heads"])
+            kv_heads = int(cfg.get("num_key_value_heads") or heads)
+            eos = cfg.get("eos_token_id")
+            attention_bias = bool(cfg.get("attention_bias", False))
+            return cls(
+                architecture=arch,
+                model_type=mt,
+                vocab_size=int(cfg["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(cfg["intermediate_size"]),
+                num_layers=int(cfg["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=kv_heads,
+                head_dim=int(cfg.get("head_dim") or hidden // heads),
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                # Qwen2 always has q/k/v biases and none on o_proj; Llama / Qwen3 follow attention_bias.
+                qkv_bias=True if mt == "qwen_2" else attention_bias,
+                o_bias=False if mt == "qwen_2" else attention_bias,
+                mlp_bias=bool(cfg.get("mlp_bias", False)),
+                qk_norm=mt == "qwen_3",
+                rope=RopeConfig.from_hf(cfg),
+                dtype=parse_dtype(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
+                bos_token_id=cfg.get("bos_token_id"),
+                eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+            )
+        except KeyError as exc:
+            raise CheckpointError(f"config.json is missing the field {exc.args[0]!r}") from None
+
+    @classmethod
+    def from_hf_dir(cls, path: str, model_type: str | None = None) -> "ModelConfig":
+        cfg_path = os.path.join(path, "config.json")
+        if not os.path.isfile(cfg_path):
+            from rtp_llm.models.errors import MissingFileError
+            raise MissingFileError(f"no config.json in {path}")
+        with open(cfg_path) as f:
+            return cls.from_hf_dict(json.load(f), model_type)
+
+    # --- GGUF metadata ------------------------------------------------------------------------------
+    @classmethod
+    def from_gguf_metadata(cls, meta: dict[str, Any], tensor_names: set[str],
+                           model_type: str | None = None) -> "ModelConfig":
+        gguf_arch = meta.get("general.architecture")
+        if model_type is not None:
+            mt = canonical_model_type(model_type)
+        elif gguf_arch in GGUF_ARCHITECTURES:
+            mt = GGUF_ARCHITECTURES[gguf_arch]
+        else:
+            raise UnknownArchitectureError(
+                f"unknown GGUF architecture {gguf_arch!r}; supported: {', '.join(GGUF_ARCHITECTURES)}")
+        arch = next(a for a, t in ARCHITECTURES.items() if t == mt)
+        p = f"{gguf_arch}."
+        try:
+            hidden = int(meta[p + "embedding_length"])
+            heads = int(meta[p + "attention.head_count"])
+            kv_heads = int(meta.get(p + "attention.head_count_kv") or heads)
+            vocab = int(meta.get(p + "vocab_size") or len(meta["tokenizer.ggml.tokens"]))
+            rope = RopeConfig(theta=float(meta.get(p + "rope.freq_base", 10000.0)))
+            scaling = meta.get(p + "rope.scaling.type")
+            if scaling == "linear":
+                rope.type, rope.factor = "linear", float(meta[p + "rope.scaling.factor"])
+            elif scaling not in (None, "none"):
+                raise CheckpointError(f"unsupported GGUF RoPE scaling {scaling!r}")
+            eos = meta.get("tokenizer.ggml.eos_token_id")
+            return cls(
+                architecture=arch,
+                model_type=mt,
+                vocab_size=vocab,
+                hidden_size=hidden,
+                intermediate_size=int(meta[p + "feed_forward_length"]),
+                num_layers=int(meta[p + "block_count"]),
+                num_heads=heads,
+                num_kv_heads=kv_heads,
+                head_dim=int(meta.get(p + "attention.key_length") or hidden // heads),
+                rms_norm_eps=float(meta.get(p + "attention.layer_norm_rms_epsilon", 1e-6)),
+                max_position_embeddings=int(meta.get(p + "context_length", 4096)),
+                tie_word_embeddings="output.weight" not in tensor_names,
+                qkv_bias="blk.0.attn_q.bias" in tensor_names,
+                o_bias="blk.0.attn_output.bias" in tensor_names,
+                qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
+                rope=rope,
+                dtype=torch.float32,
+                bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+                eos_token_ids=[] if eos is None else [int(eos)],
+            )
+        except KeyError as exc:
+            raise CheckpointError(f"GGUF metadata is missing {exc.args[0]!r}") from None

@@ -1,0 +1,1 @@
+"""Model building blocks: norms, rotary embedding, attention backends."""

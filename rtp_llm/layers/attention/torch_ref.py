@@ -1,0 +1,65 @@
+"""torch_ref: the reference attention backend, plain torch ops on any device, any block size >= 1.
+
+Writes K/V through the slot mapping, then gathers each sequence's KV through its block table into a
+padded [B, max_kv, KVH, D] batch and runs scaled-dot-product attention with a mask that is causal
+(query i of a sequence of kv_len keys with q_len new tokens sees keys j <= kv_len - q_len + i) and
+hides the padding. Every other backend must match it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from rtp_llm.layers.attention.base import AttentionBackend
+from rtp_llm.models.forward_batch import ForwardBatch
+
+
+@dataclass
+class RefMeta:
+    slots: torch.Tensor        # [T] int64
+    q_index: torch.Tensor      # [B, max_q] flat token index (0 where padded)
+    q_valid: torch.Tensor      # [B, max_q] bool
+    kv_slots: torch.Tensor     # [B, max_kv] slot of each key (0 where padded)
+    mask: torch.Tensor         # [B, 1, max_q, max_kv] bool, True = attend
+
+
+class TorchRefAttention(AttentionBackend):
+    name = "torch_ref"
+
+    def prepare(self, batch: ForwardBatch) -> RefMeta:
+        dev = batch.input_ids.device
+        q_lens = torch.tensor(batch.q_lens, dtype=torch.int64, device=dev)
+        kv_lens = torch.tensor(batch.kv_lens, dtype=torch.int64, device=dev)
+        max_q, max_kv = max(batch.q_lens), max(batch.kv_lens)
+        starts = torch.cumsum(q_lens, 0) - q_lens
+        i = torch.arange(max_q, device=dev)
+        q_valid = i[None, :] < q_lens[:, None]
+        q_index = torch.where(q_valid, starts[:, None] + i[None, :], torch.zeros((), dtype=torch.int64, device=dev))
+        j = torch.arange(max_kv, device=dev)
+        bs = batch.block_size
+        n_blocks = (max_kv + bs - 1) // bs
+        blocks = batch.block_table[:, :n_blocks].to(torch.int64)
+        kv_slots = blocks[:, j // bs] * bs + (j % bs)[None, :]
+        kv_valid = j[None, :] < kv_lens[:, None]
+        kv_slots = torch.where(kv_valid, kv_slots, torch.zeros((), dtype=torch.int64, device=dev))
+        causal = j[None, None, :] <= (kv_lens - q_lens)[:, None, None] + i[None, :, None]
+        mask = (causal & kv_valid[:, None, :])[:, None]
+        return RefMeta(batch.slot_mapping.to(torch.int64), q_index, q_valid, kv_slots, mask)
+
+    def forward(self, q, k, v, layer_kv, meta: RefMeta):
+        kv_heads, d = self.num_kv_heads, self.head_dim
+        k_cache = layer_kv[0].view(-1, kv_heads, d)
+        v_cache = layer_kv[1].view(-1, kv_heads, d)
+        k_cache[meta.slots] = k.to(k_cache.dtype)
+        v_cache[meta.slots] = v.to(v_cache.dtype)
+
+        qb = q[meta.q_index].transpose(1, 2)              # [B, H, max_q, D]
+        kb = k_cache[meta.kv_slots].transpose(1, 2)       # [B, KVH, max_kv, D]
+        vb = v_cache[meta.kv_slots].transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            qb, kb.to(q.dtype), vb.to(q.dtype), attn_mask=meta.mask, scale=self.scale,
+            enable_gqa=self.num_heads != kv_heads)
+        return out.transpose(1, 2)[meta.q_valid]          # [T, H, D] in flat order

@@ -1,0 +1,1 @@
+"""Model definitions, the checkpoint loader and the architecture registry."""

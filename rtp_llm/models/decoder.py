@@ -1,0 +1,176 @@
+"""The decoder-only transformer shared by Llama, Qwen2 and Qwen3.
+
+They differ only in flags of ModelConfig: q/k/v (and o) biases, Qwen3's per-head q_norm/k_norm,
+explicit head_dim, tied embeddings. Q/K/V and gate/up are fused into one matmul each at load time.
+The graph runs on a flat ForwardBatch; logits are computed only for batch.logits_indices.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rtp_llm.cache.kv_buffer import KVBuffer
+from rtp_llm.config.model_config import ModelConfig
+from rtp_llm.layers.attention.base import AttentionBackend
+from rtp_llm.layers.norm import rms_norm
+from rtp_llm.layers.rotary import RotaryEmbedding, apply_rotary
+from rtp_llm.models.errors import MissingTensorError, ShapeMismatchError
+from rtp_llm.models.forward_batch import ForwardBatch
+
+
+def _param(shape, dtype):
+    return nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.cfg = cfg
+        h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+        self.input_norm = _param((h,), dtype)
+        self.qkv_weight = _param((q + 2 * kv, h), dtype)
+        self.qkv_bias = _param((q + 2 * kv,), dtype) if cfg.qkv_bias else None
+        self.q_norm = _param((cfg.head_dim,), dtype) if cfg.qk_norm else None
+        self.k_norm = _param((cfg.head_dim,), dtype) if cfg.qk_norm else None
+        self.o_weight = _param((h, q), dtype)
+        self.o_bias = _param((h,), dtype) if cfg.o_bias else None
+        self.post_norm = _param((h,), dtype)
+        self.gate_up_weight = _param((2 * inter, h), dtype)
+        self.gate_up_bias = _param((2 * inter,), dtype) if cfg.mlp_bias else None
+        self.down_weight = _param((h, inter), dtype)
+        self.down_bias = _param((h,), dtype) if cfg.mlp_bias else None
+
+    def forward(self, x, residual, cos, sin, layer_kv, attn: AttentionBackend, meta):
+        cfg = self.cfg
+        if residual is None:
+            residual = x
+        else:
+            residual = x + residual
+        h = rms_norm(residual, self.input_norm, cfg.rms_norm_eps)
+        qkv = F.linear(h, self.qkv_weight, self.qkv_bias)
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        t = q.shape[0]
+        q = q.reshape(t, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(t, cfg.num_kv_heads, cfg.head_dim)
+        v = v.reshape(t, cfg.num_kv_heads, cfg.head_dim)
+        if self.q_norm is not None:
+            q = rms_norm(q, self.q_norm, cfg.rms_norm_eps)
+            k = rms_norm(k, self.k_norm, cfg.rms_norm_eps)
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
+        o = attn.forward(q, k, v, layer_kv, meta).reshape(t, cfg.q_size)
+        x = F.linear(o, self.o_weight, self.o_bias)
+        residual = x + residual
+        h = rms_norm(residual, self.post_norm, cfg.rms_norm_eps)
+        gate_up = F.linear(h, self.gate_up_weight, self.gate_up_bias)
+        gate, up = gate_up.chunk(2, dim=-1)
+        x = F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)
+        return x, residual
+
+
+class DecoderLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32, device="cpu"):
+        super().__init__()
+        self.cfg = cfg
+        self.dtype = dtype
+        self.embed = _param((cfg.vocab_size, cfg.hidden_size), dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype) for _ in range(cfg.num_layers))
+        self.norm = _param((cfg.hidden_size,), dtype)
+        self.lm_head = None if cfg.tie_word_embeddings else _param((cfg.vocab_size, cfg.hidden_size), dtype)
+        self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, min(cfg.max_position_embeddings, 4096), device)
+        self.to(device)
+
+    # --- weights -------------------------------------------------------------------------------------
+    def expected_weights(self) -> dict[str, tuple[int, ...]]:
+        """Every Hugging Face tensor name this model reads, with its shape."""
+        c = self.cfg
+        h, q, kv, inter, d = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size, c.head_dim
+        out = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}
+        if not c.tie_word_embeddings:
+            out["lm_head.weight"] = (c.vocab_size, h)
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            out.update({
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (q, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, q),
+                p + "mlp.gate_proj.weight": (inter, h),
+                p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter),
+            })
+            if c.qkv_bias:
+                out.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                            p + "self_attn.v_proj.bias": (kv,)})
+            if c.o_bias:
+                out[p + "self_attn.o_proj.bias"] = (h,)
+            if c.qk_norm:
+                out.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
+            if c.mlp_bias:
+                out.update({p + "mlp.gate_proj.bias": (inter,), p + "mlp.up_proj.bias": (inter,),
+                            p + "mlp.down_proj.bias": (h,)})
+        return out
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], progress: bool = False) -> None:
+        """Copies checkpoint tensors in (any order), checking names and shapes first."""
+        expected = self.expected_weights()
+        got: dict[str, torch.Tensor] = {}
+        it = weights
+        if progress:
+            from tqdm import tqdm
+            it = tqdm(weights, total=len(expected), desc="Loading weights", unit="tensor")
+        for name, tensor in it:
+            if name not in expected:
+                continue  # e.g. rotary inv_freq buffers, or a tied lm_head copy
+            if tuple(tensor.shape) != expected[name]:
+                raise ShapeMismatchError(
+                    f"tensor {name} has shape {tuple(tensor.shape)}, but the config implies {expected[name]}")
+            got[name] = tensor.to(self.dtype)
+        missing = [n for n in expected if n not in got]
+        if missing:
+            more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+            raise MissingTensorError(f"checkpoint is missing tensor {', '.join(missing[:3])}{more}")
+        self.embed.copy_(got["model.embed_tokens.weight"])
+        self.norm.copy_(got["model.norm.weight"])
+        if self.lm_head is not None:
+            self.lm_head.copy_(got["lm_head.weight"])
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            layer.input_norm.copy_(got[p + "input_layernorm.weight"])
+            layer.post_norm.copy_(got[p + "post_attention_layernorm.weight"])
+            layer.qkv_weight.copy_(torch.cat([got[p + f"self_attn.{x}_proj.weight"] for x in "qkv"]))
+            if layer.qkv_bias is not None:
+                layer.qkv_bias.copy_(torch.cat([got[p + f"self_attn.{x}_proj.bias"] for x in "qkv"]))
+            if layer.q_norm is not None:
+                layer.q_norm.copy_(got[p + "self_attn.q_norm.weight"])
+                layer.k_norm.copy_(got[p + "self_attn.k_norm.weight"])
+            layer.o_weight.copy_(got[p + "self_attn.o_proj.weight"])
+            if layer.o_bias is not None:
+                layer.o_bias.copy_(got[p + "self_attn.o_proj.bias"])
+            layer.gate_up_weight.copy_(torch.cat([got[p + "mlp.gate_proj.weight"], got[p + "mlp.up_proj.weight"]]))
+            layer.down_weight.copy_(got[p + "mlp.down_proj.weight"])
+            if layer.gate_up_bias is not None:
+                layer.gate_up_bias.copy_(torch.cat([got[p + "mlp.gate_proj.bias"], got[p + "mlp.up_proj.bias"]]))
+                layer.down_bias.copy_(got[p + "mlp.down_proj.bias"])
+
+    # --- forward -------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch, kv: KVBuffer, attn: AttentionBackend) -> torch.Tensor:
+        """Logits [len(batch.logits_indices), vocab] in float32."""
+        meta = attn.prepare(batch)
+        cos, sin = self.rotary.cos_sin(batch.positions, self.dtype)
+        x = F.embedding(batch.input_ids, self.embed)
+        residual = None
+        for i, layer in enumerate(self.layers):
+            x, residual = layer(x, residual, cos, sin, kv.layer(i), attn, meta)
+        h = (x + residual)[batch.logits_indices]
+        h = rms_norm(h, self.norm, self.cfg.rms_norm_eps)
+        head = self.embed if self.lm_head is None else self.lm_head
+        return F.linear(h, head).float()

@@ -1,0 +1,94 @@
+"""GGUF files through the `gguf` package: metadata as plain Python values, tensors dequantized.
+
+Tensor names are mapped to Hugging Face names. For the `llama` architecture llama.cpp's converter
+permutes the rows of Q and K (interleaved RoPE pairs); that is undone here, because this engine
+applies RoPE as the Hugging Face models do (rotate-half). Qwen2/Qwen3 files are not permuted.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from rtp_llm.models.errors import CheckpointError
+
+_LAYER = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+
+def hf_name(gguf_name: str) -> str | None:
+    m = _BLK.match(gguf_name)
+    if m:
+        layer, part, kind = m.groups()
+        return f"model.layers.{layer}.{_LAYER[part]}.{kind}" if part in _LAYER else None
+    base, _, kind = gguf_name.rpartition(".")
+    return f"{_GLOBAL[base]}.{kind}" if base in _GLOBAL else None
+
+
+def _field_value(field) -> Any:
+    return field.contents()
+
+
+class GGUFFile:
+    def __init__(self, path: str):
+        import gguf  # imported here: only GGUF users need it
+
+        self._gguf = gguf
+        try:
+            self.reader = gguf.GGUFReader(path)
+        except Exception as exc:  # the gguf package raises ValueError / struct errors on bad files
+            raise CheckpointError(f"{path} is not a readable GGUF file: {exc}") from exc
+        self.path = path
+        self.tensor_names = {t.name for t in self.reader.tensors}
+
+    def metadata(self, skip_large: bool = True) -> dict[str, Any]:
+        out = {}
+        for key, field in self.reader.fields.items():
+            if skip_large and key in ("tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+                continue
+            out[key] = _field_value(field)
+        return out
+
+    def field(self, key: str, default: Any = None) -> Any:
+        f = self.reader.fields.get(key)
+        return default if f is None else _field_value(f)
+
+    def tensors(self, num_heads: int, num_kv_heads: int, unpermute_qk: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, float32 tensor) for every tensor the model uses."""
+        for t in self.reader.tensors:
+            name = hf_name(t.name)
+            if name is None:
+                continue  # e.g. rope_freqs: not used by these architectures
+            data = self._gguf.quants.dequantize(t.data, t.tensor_type)
+            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            arr = np.asarray(data, dtype=np.float32).reshape(shape)
+            if unpermute_qk and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):
+                heads = num_heads if ".q_proj." in name else num_kv_heads
+                arr = _unpermute(arr, heads)
+            if not arr.flags.writeable or not arr.flags.c_contiguous:  # F32 tensors are read-only mmap views
+                arr = np.array(arr, dtype=np.float32, order="C")
+            yield name, torch.from_numpy(arr)
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of llama.cpp's `permute`: rows grouped (head, pair, half) -> (head, half, pair)."""
+    rows = w.shape[0]
+    return (w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:])
+             .swapaxes(1, 2)
+             .reshape(w.shape))

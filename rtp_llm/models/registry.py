@@ -1,0 +1,36 @@
+"""model_type -> model class, and load_model(): config + weights from a path, ready to run.
+
+Llama, Qwen2 and Qwen3 share one graph (DecoderLM); their differences are ModelConfig flags.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from rtp_llm.config.model_config import ModelConfig, parse_dtype
+from rtp_llm.models.decoder import DecoderLM
+from rtp_llm.models.loader import find_gguf, iter_checkpoint, load_config
+
+log = logging.getLogger(__name__)
+
+MODEL_CLASSES = {"qwen_3": DecoderLM, "qwen_2": DecoderLM, "llama": DecoderLM}
+
+
+def load_model(
+    path: str,
+    model_type: str | None = None,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "cpu",
+    allow_pickle: bool = False,
+    progress: bool = False,
+) -> tuple[DecoderLM, ModelConfig]:
+    cfg = load_config(path, model_type)
+    # "auto": the checkpoint's dtype; GGUF weights are dequantized to float32.
+    torch_dtype = parse_dtype(dtype, default=torch.float32 if find_gguf(path) else cfg.dtype)
+    model = MODEL_CLASSES[cfg.model_type](cfg, dtype=torch_dtype, device=device)
+    model.load_weights(iter_checkpoint(path, cfg, allow_pickle=allow_pickle), progress=progress)
+    log.info("loaded %s (%s, %d layers, %s) from %s", cfg.architecture, cfg.model_type, cfg.num_layers,
+             torch_dtype, path)
+    return model.eval(), cfg

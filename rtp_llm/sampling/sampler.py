@@ -1,0 +1,134 @@
+"""The batched sampler: penalties, temperature, top-k/top-p, min-p, seeded sampling, logprobs.
+
+All vocab-sized work is one tensor op over the whole [R, V] batch; per-request values arrive as
+[R] tensors built once per step (SamplingBatch). Order, as Hugging Face's generate applies it:
+repetition penalty, presence/frequency penalties, temperature, top-k then top-p (the documented
+npu_top_k_top_p algorithm), min-p, then a draw. Greedy rows take the argmax of the penalised
+logits. Draws use the exponential race argmax(p / E) with E = -log(U) and U from the counter-based
+generator (sampling/random.py), which selects token i with probability p_i.
+
+Logprobs are of the model's raw distribution (log_softmax of the unprocessed logits), as vLLM
+returns by default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from rtp_llm.sampling.params import SamplingParams
+from rtp_llm.sampling.random import uniform
+from rtp_llm.sampling.top_k_top_p import apply_top_k_top_p
+
+
+def _pad(rows: Sequence[Sequence[int]], fill: int, device) -> torch.Tensor:
+    width = max((len(r) for r in rows), default=0)
+    out = torch.full((len(rows), max(width, 1)), fill, dtype=torch.int64)
+    for i, r in enumerate(rows):
+        if len(r):
+            out[i, : len(r)] = torch.as_tensor(r, dtype=torch.int64)
+    return out.to(device)
+
+
+@dataclass
+class SamplingBatch:
+    temperature: torch.Tensor          # [R] float32 (1 where greedy)
+    greedy: torch.Tensor               # [R] bool
+    top_k: Optional[torch.Tensor]      # [R] int64, None when no row uses it
+    top_p: Optional[torch.Tensor]      # [R] float32, None when no row uses it
+    min_p: Optional[torch.Tensor]      # [R] float32
+    repetition: Optional[torch.Tensor]  # [R] float32
+    presence: Optional[torch.Tensor]
+    frequency: Optional[torch.Tensor]
+    prompt_tokens: Optional[torch.Tensor]  # [R, Lp] int64, padded with vocab (for repetition penalty)
+    output_tokens: Optional[torch.Tensor]  # [R, Lo] int64, padded with vocab
+    seeds: torch.Tensor                # [R] int64
+    steps: torch.Tensor                # [R] int64: tokens generated so far by each request
+    all_greedy: bool
+    num_logprobs: int                  # max top logprobs over rows; -1 = none asked
+
+    @classmethod
+    def build(cls, params: Sequence[SamplingParams], seeds: Sequence[int], steps: Sequence[int],
+              prompt_tokens: Sequence[Sequence[int]], output_tokens: Sequence[Sequence[int]],
+              vocab_size: int, device="cpu") -> "SamplingBatch":
+        def col(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        greedy = [p.temperature == 0 for p in params]
+        use_k = any(0 < p.top_k < vocab_size for p in params)
+        use_p = any(p.top_p < 1 for p in params)
+        use_min_p = any(p.min_p > 0 for p in params)
+        use_rep = any(p.repetition_penalty != 1 for p in params)
+        use_pf = any(p.presence_penalty != 0 or p.frequency_penalty != 0 for p in params)
+        logprobs = [p.logprobs for p in params if p.logprobs is not None]
+        return cls(
+            temperature=col([1.0 if g else p.temperature for g, p in zip(greedy, params)], torch.float32),
+            greedy=col(greedy, torch.bool),
+            top_k=col([p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params], torch.int64)
+            if use_k else None,
+            top_p=col([p.top_p for p in params], torch.float32) if use_p else None,
+            min_p=col([p.min_p for p in params], torch.float32) if use_min_p else None,
+            repetition=col([p.repetition_penalty for p in params], torch.float32) if use_rep else None,
+            presence=col([p.presence_penalty for p in params], torch.float32) if use_pf else None,
+            frequency=col([p.frequency_penalty for p in params], torch.float32) if use_pf else None,
+            prompt_tokens=_pad(prompt_tokens, vocab_size, device) if use_rep else None,
+            output_tokens=_pad(output_tokens, vocab_size, device) if (use_rep or use_pf) else None,
+            seeds=col(list(seeds), torch.int64),
+            steps=col(list(steps), torch.int64),
+            all_greedy=all(greedy),
+            num_logprobs=max(logprobs) if logprobs else -1,
+        )
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: torch.Tensor                      # [R] int64
+    logprobs: Optional[torch.Tensor] = None      # [R] float32: the sampled tokens' logprobs
+    top_ids: Optional[torch.Tensor] = None       # [R, N] int64
+    top_logprobs: Optional[torch.Tensor] = None  # [R, N] float32
+
+
+def _counts(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[R, V] occurrences of each token; the padding id (vocab) lands in a dropped extra column."""
+    out = torch.zeros(tokens.shape[0], vocab + 1, dtype=torch.float32, device=tokens.device)
+    out.scatter_add_(1, tokens, torch.ones_like(tokens, dtype=torch.float32))
+    return out[:, :vocab]
+
+
+class Sampler:
+    def apply_penalties(self, logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+        vocab = logits.shape[-1]
+        if b.repetition is not None:
+            seen = (_counts(b.prompt_tokens, vocab) + _counts(b.output_tokens, vocab)) > 0
+            rep = b.repetition[:, None]
+            logits = torch.where(seen, torch.where(logits < 0, logits * rep, logits / rep), logits)
+        if b.presence is not None:
+            counts = _counts(b.output_tokens, vocab)
+            logits = logits - b.frequency[:, None] * counts - b.presence[:, None] * (counts > 0).float()
+        return logits
+
+    def __call__(self, logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
+        logits = logits.float()
+        raw = logits
+        logits = self.apply_penalties(logits, b)
+        greedy_ids = logits.argmax(dim=-1)
+        if b.all_greedy:
+            token_ids = greedy_ids
+        else:
+            logits = logits / b.temperature[:, None]
+            logits = apply_top_k_top_p(logits, b.top_k, b.top_p)
+            probs = torch.softmax(logits, dim=-1)
+            if b.min_p is not None:
+                keep = probs >= b.min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+                probs = torch.where(keep, probs, torch.zeros((), device=probs.device))
+            race = probs / -torch.log(uniform(b.seeds, b.steps, probs.shape[-1]))
+            token_ids = torch.where(b.greedy, greedy_ids, race.argmax(dim=-1))
+        out = SamplerOutput(token_ids=token_ids)
+        if b.num_logprobs >= 0:
+            logp = torch.log_softmax(raw, dim=-1)
+            out.logprobs = logp.gather(-1, token_ids[:, None]).squeeze(-1)
+            if b.num_logprobs > 0:
+                out.top_logprobs, out.top_ids = logp.topk(b.num_logprobs, dim=-1)
+        return out

@@ -1,0 +1,3 @@
+from rtp_llm.tokenizer.tokenizer import Tokenizer
+
+__all__ = ["Tokenizer"]

@@ -1,0 +1,46 @@
+"""Tiny random checkpoints made with transformers, saved as safetensors, for parity tests."""
+
+from __future__ import annotations
+
+import torch
+
+VARIANTS = {
+    # name: (architecture, config overrides)
+    "qwen3_gqa2_headdim32_untied": ("qwen3", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                                  tie_word_embeddings=False)),
+    "qwen3_mha_tied": ("qwen3", dict(num_attention_heads=4, num_key_value_heads=4, head_dim=16,
+                                     tie_word_embeddings=True)),
+    "qwen2_gqa4_bias_untied": ("qwen2", dict(num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False)),
+    "llama_gqa4_tied_attnbias": ("llama", dict(num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True,
+                                                attention_bias=True)),
+    "llama_mha_llama3_rope": ("llama", dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
+                                             rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0,
+                                                                  low_freq_factor=1.0, high_freq_factor=4.0,
+                                                                  original_max_position_embeddings=64))),
+    "llama_gqa2_linear_rope": ("llama", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                                              rope_parameters=dict(rope_type="linear", rope_theta=10000.0,
+                                                                   factor=2.0))),
+}
+
+
+def make_checkpoint(path, variant: str, seed: int = 0):
+    """Writes config.json + model.safetensors into path; returns the transformers model (float32, eval)."""
+    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM)
+
+    arch, overrides = VARIANTS[variant]
+    config_cls, model_cls = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+                             "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
+    base = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                max_position_embeddings=512, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    base.update(overrides)
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**base)).eval()
+    # Random init leaves some parameters (norms, biases) at constants; perturb them so a wrong
+    # mapping of any tensor shows in the logits.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(str(path))
+    return model
