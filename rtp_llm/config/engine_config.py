@@ -1,0 +1,47 @@
+"""EngineConfig: how the engine runs a model (limits, KV sizing, scheduling, device)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class EngineConfig:
+    model: Optional[str] = None             # HF directory or .gguf file; None = the embedded default model
+    tokenizer: Optional[str] = None         # defaults to the model path
+    model_type: Optional[str] = None        # qwen_3 | qwen_2 | llama; None = from the checkpoint
+    dtype: str = "auto"
+    device: str = "cpu"
+    max_model_len: Optional[int] = None     # None = the model's max_position_embeddings
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_prefill_chunk: Optional[int] = None  # longest prefill chunk per sequence per step; None = the token budget
+    block_size: int = 16
+    num_blocks: Optional[int] = None        # explicit KV block count (overrides the memory settings)
+    kv_cache_memory_gb: Optional[float] = None  # KV bytes; None: 1 GiB on CPU, kv_cache_memory_fraction elsewhere
+    kv_cache_memory_fraction: float = 0.9   # of free accelerator memory after weights
+    enable_prefix_caching: bool = True      # upstream's REUSE_CACHE
+    attention_backend: Optional[str] = None  # None = the device's default
+    max_queue_len: int = 1024               # waiting requests beyond this are refused
+    allow_pickle: bool = False
+    seed: int = 0
+
+    def __post_init__(self):
+        checks = [
+            ("max_num_seqs", self.max_num_seqs >= 1),
+            ("max_num_batched_tokens", self.max_num_batched_tokens >= 1),
+            ("block_size", self.block_size >= 1),
+            ("max_queue_len", self.max_queue_len >= 1),
+            ("max_prefill_chunk", self.max_prefill_chunk is None or self.max_prefill_chunk >= 1),
+            ("num_blocks", self.num_blocks is None or self.num_blocks >= 2),
+            ("max_model_len", self.max_model_len is None or self.max_model_len >= 1),
+            ("kv_cache_memory_fraction", 0 < self.kv_cache_memory_fraction <= 1),
+        ]
+        for name, ok in checks:
+            if not ok:
+                raise ValueError(f"invalid {name}: {getattr(self, name)!r}")
+
+    @property
+    def prefill_chunk(self) -> int:
+        return min(self.max_prefill_chunk or self.max_num_batched_tokens, self.max_num_batched_tokens)

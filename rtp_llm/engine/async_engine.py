@@ -1,0 +1,127 @@
+"""AsyncEngine: the LLMEngine on its own thread, with an asyncio front for the server.
+
+    async for out in engine.generate(prompt, params, request_id): ...
+
+The engine thread owns the LLMEngine: requests and aborts reach it through a command queue, and
+outputs come back to each request's asyncio.Queue via loop.call_soon_threadsafe, so the event loop
+never waits on model work. Cancelling the consumer (a client that disconnects) aborts the request
+and frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import uuid
+from typing import AsyncIterator, Optional, Sequence, Union
+
+from rtp_llm.engine.errors import EngineDeadError
+from rtp_llm.engine.llm_engine import LLMEngine
+from rtp_llm.engine.outputs import RequestOutput
+from rtp_llm.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._commands: queue.Queue = queue.Queue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._accepting = True
+        self.dead: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._loop, name="rtp-llm-engine", daemon=True)
+        self._thread.start()
+
+    # --- the engine thread ---------------------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._drain_commands()
+                if not self.engine.has_unfinished():
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+                    continue
+                for out in self.engine.step():
+                    self._deliver(out.request_id, out)
+        except BaseException as exc:  # the engine itself broke: fail every stream, refuse new work
+            log.exception("engine loop died")
+            self.dead = exc
+            for rid in list(self._streams):
+                self._deliver(rid, exc)
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                kind, args = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                rid, prompt, params, done = args
+                try:
+                    self.engine.add_request(rid, prompt, params)
+                    done(None)
+                except Exception as exc:  # validation errors go back to the caller
+                    done(exc)
+            elif kind == "abort":
+                self.engine.abort(args)
+
+    def _deliver(self, rid: str, item) -> None:
+        entry = self._streams.get(rid)
+        if entry is not None:
+            loop, q = entry
+            loop.call_soon_threadsafe(q.put_nowait, item)
+
+    # --- the asyncio side ----------------------------------------------------------------------------
+    async def generate(self, prompt: Union[str, Sequence[int]], params: SamplingParams,
+                       request_id: Optional[str] = None) -> AsyncIterator[RequestOutput]:
+        if self.dead is not None:
+            raise EngineDeadError(f"the engine has stopped: {self.dead}")
+        if not self._accepting:
+            raise EngineDeadError("the server is shutting down")
+        rid = request_id or uuid.uuid4().hex
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        added: asyncio.Future = loop.create_future()
+
+        def done(exc):
+            loop.call_soon_threadsafe(lambda: added.done() or (added.set_exception(exc) if exc else added.set_result(None)))
+
+        self._streams[rid] = (loop, q)
+        self._commands.put(("add", (rid, prompt, params, done)))
+        self._wake.set()
+        finished = False
+        try:
+            await added
+            while True:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    raise EngineDeadError(f"the engine has stopped: {item}")
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            self._streams.pop(rid, None)
+            if not finished:
+                self.abort(rid)
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+        self._wake.set()
+
+    def stop_accepting(self) -> None:
+        self._accepting = False
+
+    @property
+    def num_active(self) -> int:
+        return len(self._streams)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)

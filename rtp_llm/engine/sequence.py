@@ -1,0 +1,103 @@
+"""Requests and their sequences.
+
+A Request holds one prompt and n Sequences (n > 1 for several samples). Sequence 0 computes the
+prompt; its siblings are forked from it when its prefill completes, sharing the prompt's KV
+blocks, and each samples its own first token from the same logits.
+
+A sequence's tokens are prompt + output. `num_computed` of them have KV in the cache. The next
+step computes tokens[num_computed:] (a whole or partial prefill, or the one last sampled token
+when decoding); when that reaches the end, the last row's logits give the next token. A preempted
+sequence is recomputed the same way: its prompt and output are prefilled again.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from rtp_llm.engine.detokenizer import IncrementalDetokenizer
+from rtp_llm.sampling.params import SamplingParams
+
+
+class SeqState(enum.Enum):
+    WAITING = "waiting"        # not admitted yet, or preempted and waiting for recompute
+    RUNNING = "running"
+    PENDING_FORK = "pending_fork"  # a sibling waiting for sequence 0's prefill
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass(eq=False)  # identity semantics: sequences are compared and looked up by object
+class Sequence:
+    seq_id: int
+    request: "Request"
+    index: int
+    seed: int
+    detok: IncrementalDetokenizer
+    output: list[int] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)     # per output token: (logprob, [(id, logprob)...]) or None
+    state: SeqState = SeqState.WAITING
+    num_computed: int = 0
+    admitted_at: int = -1          # admission counter: the newest running sequence is preempted first
+    in_manager: bool = False       # has blocks / an entry in the KVCacheManager
+    known: int = 0                 # tokens the KVCacheManager knows (slotted or not)
+    finish_reason: Optional[FinishReason] = None
+    stop_reason: Optional[object] = None  # the stop string or token id that ended it
+    preemptions: int = 0
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.request.prompt_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.request.prompt_ids) + len(self.output)
+
+    def token_at(self, i: int) -> int:
+        p = self.request.prompt_ids
+        return p[i] if i < len(p) else self.output[i - len(p)]
+
+    def all_tokens(self) -> list[int]:
+        return self.request.prompt_ids + self.output
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still to compute before the next sample."""
+        return self.num_tokens - self.num_computed
+
+    @property
+    def is_decode(self) -> bool:
+        # One token left, and it is the last sampled one, which the manager has not seen yet
+        # (a recompute whose prefill chunk stops one short is still a prefill).
+        return self.state == SeqState.RUNNING and self.remaining == 1 and self.known == self.num_computed
+
+    @property
+    def finished(self) -> bool:
+        return self.state == SeqState.FINISHED
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival: float = field(default_factory=time.monotonic)
+    sequences: list[Sequence] = field(default_factory=list)
+    first_token_time: Optional[float] = None
+    finish_time: Optional[float] = None
+    error: Optional[str] = None
+    cached_tokens: int = 0         # prompt tokens served from the prefix cache at first admission
+    computed_prompt_tokens: int = 0  # prompt tokens actually computed (recomputes included)
+    deadline: Optional[float] = None
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finished for s in self.sequences)

@@ -1,0 +1,70 @@
+"""The offline API, as vLLM users know it:
+
+    from rtp_llm import LLM, SamplingParams
+    llm = LLM(model="/path/to/model-or.gguf")
+    outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(max_tokens=32))
+    outs = llm.chat([{"role": "user", "content": "Hi"}])
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Optional, Sequence, Union
+
+from rtp_llm.config.engine_config import EngineConfig
+from rtp_llm.engine.llm_engine import LLMEngine
+from rtp_llm.engine.outputs import RequestOutput
+from rtp_llm.sampling import SamplingParams
+
+Prompt = Union[str, Sequence[int]]
+
+
+class LLM:
+    def __init__(self, model: Optional[str] = None, **engine_args: Any):
+        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
+                 params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Runs every prompt to completion; outputs come back in the order of the prompts."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        ids = []
+        for prompt, p in zip(prompts, params):
+            rid = f"offline-{next(self._ids)}"
+            self.engine.add_request(rid, prompt, p)
+            ids.append(rid)
+        done: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(ids), desc="Generating", unit="req")
+        try:
+            while len(done) < len(ids):
+                for out in self.engine.step():
+                    if out.finished and out.request_id in ids and out.request_id not in done:
+                        done[out.request_id] = out
+                        if bar:
+                            bar.update(1)
+        finally:
+            if bar:
+                bar.close()
+            for rid in ids:
+                if rid not in done:
+                    self.engine.abort(rid)
+        return [done[r] for r in ids]
+
+    def chat(self, messages: Union[list[dict], Sequence[list[dict]]], params: Optional[SamplingParams] = None,
+             use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """One conversation (a list of messages) or several, through the model's chat template."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [self.tokenizer.encode(self.tokenizer.apply_chat_template(c, add_generation_prompt), False)
+                   for c in convs]
+        return self.generate(prompts, params, use_tqdm)

@@ -1,0 +1,242 @@
+"""The serving engine on a tiny random model: continuous batching, chunked prefill, prefix caching,
+preemption, aborts, stop conditions, n > 1, seeds. Greedy outputs are checked against transformers."""
+
+import random
+
+import numpy as np
+import pytest
+
+from rtp_llm.engine.errors import QueueFullError, RequestRejected
+from rtp_llm.sampling import SamplingParams
+from tests.engine.helpers import Tiny, greedy, run_all
+
+PROMPTS = [[(i * 7 + k * 13) % 250 + 3 for i in range(length)] for k, length in enumerate([3, 11, 40, 17, 1, 29])]
+MAX_TOKENS = [12, 24, 8, 20, 16, 10]
+ARRIVALS = [0, 0, 2, 3, 5, 9]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return Tiny(tmp_path_factory.mktemp("tiny"))
+
+
+def _staggered(tiny, **engine_args):
+    engine = tiny.engine(**engine_args)
+    arrivals = [(ARRIVALS[i], f"r{i}", PROMPTS[i], greedy(MAX_TOKENS[i])) for i in range(len(PROMPTS))]
+    return engine, run_all(engine, arrivals)
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_staggered_requests_match_transformers(tiny, prefix_caching, chunk):
+    engine, done = _staggered(tiny, enable_prefix_caching=prefix_caching, max_prefill_chunk=chunk)
+    for i, prompt in enumerate(PROMPTS):
+        out = done[f"r{i}"].outputs[0]
+        assert out.token_ids == tiny.greedy(prompt, MAX_TOKENS[i]), f"request {i}"
+        assert out.finish_reason == "length"
+    assert engine.stats()["kv_used_blocks"] == 0
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_preemption_under_a_small_pool_loses_nothing(tiny, prefix_caching):
+    # 21 usable blocks of 4 tokens: the largest request needs 12, all together ~60.
+    engine, done = _staggered(tiny, num_blocks=22, max_model_len=64, enable_prefix_caching=prefix_caching,
+                              max_prefill_chunk=16)
+    assert engine.scheduler.num_preemptions > 0
+    for i, prompt in enumerate(PROMPTS):
+        assert done[f"r{i}"].outputs[0].token_ids == tiny.greedy(prompt, MAX_TOKENS[i])
+    s = engine.stats()
+    assert s["kv_used_blocks"] == 0 and s["running"] == 0 and s["waiting"] == 0
+
+
+def test_each_request_alone_gives_the_same_tokens(tiny):
+    _, together = _staggered(tiny)
+    for i, prompt in enumerate(PROMPTS):
+        alone = run_all(tiny.engine(), [(0, "a", prompt, greedy(MAX_TOKENS[i]))])["a"]
+        assert alone.outputs[0].token_ids == together[f"r{i}"].outputs[0].token_ids
+
+
+def test_shared_three_block_prefix_computes_only_the_suffix(tiny):
+    engine = tiny.engine(block_size=4)
+    shared = PROMPTS[2][:12]  # 3 blocks
+    first = run_all(engine, [(0, "a", shared + [5, 6, 7], greedy(4))])
+    assert first["a"].num_cached_tokens == 0
+    second_prompt = shared + [9, 10]
+    out = run_all(engine, [(0, "b", second_prompt, greedy(10))])["b"]
+    assert out.num_cached_tokens == 12
+    assert out.metrics["computed_prompt_tokens"] == len(second_prompt) - 12
+    assert out.outputs[0].token_ids == tiny.greedy(second_prompt, 10)
+    assert engine.stats()["prefix_hit_tokens"] >= 12
+
+
+def test_abort_mid_generation_returns_every_block(tiny):
+    engine = tiny.engine(enable_prefix_caching=False)
+    engine.add_request("x", PROMPTS[2], greedy(50))
+    engine.add_request("y", PROMPTS[1], greedy(50))
+    for _ in range(5):
+        engine.step()
+    assert engine.stats()["kv_used_blocks"] > 0
+    assert engine.abort("x")
+    outs = engine.step()
+    aborted = [o for o in outs if o.request_id == "x"]
+    assert aborted and aborted[0].finished and aborted[0].outputs[0].finish_reason == "abort"
+    engine.abort("y")
+    engine.step()
+    assert engine.stats()["kv_used_blocks"] == 0 and not engine.has_unfinished()
+    assert not engine.abort("x")  # unknown now
+
+
+def test_thousand_random_requests_with_aborts_leak_nothing(tiny):
+    rng = random.Random(7)
+    engine = tiny.engine(num_blocks=48, max_model_len=96, max_num_seqs=8, max_prefill_chunk=8)
+    total = engine.manager.stats().total_blocks
+    added, live, finished = 0, set(), 0
+    while added < 1000 or engine.has_unfinished():
+        for _ in range(rng.randint(0, 3)):
+            if added >= 1000:
+                break
+            n = rng.choice([1, 1, 1, 2, 3])
+            params = SamplingParams(max_tokens=rng.randint(1, 12), temperature=rng.choice([0, 0.7, 1.3]),
+                                    top_k=rng.choice([0, 5]), top_p=rng.choice([1.0, 0.9]), n=n,
+                                    seed=rng.choice([None, rng.randint(0, 99)]), min_tokens=rng.choice([0, 1]),
+                                    repetition_penalty=rng.choice([1.0, 1.2]), stop=rng.choice([[], ["e"]]))
+            prompt = [rng.randint(3, 250) for _ in range(rng.randint(1, 40))]
+            rid = f"q{added}"
+            engine.add_request(rid, prompt, params)
+            live.add(rid)
+            added += 1
+        if live and rng.random() < 0.15:
+            victim = rng.choice(sorted(live))
+            engine.abort(victim)
+        for out in engine.step():
+            if out.finished:
+                live.discard(out.request_id)
+                finished += 1
+    s = engine.manager.stats()
+    assert s.used_blocks == 0 and s.num_sequences == 0
+    assert s.free_blocks + s.cached_blocks == total
+    assert not engine.requests and not engine.scheduler.running and not engine.scheduler.waiting
+    assert finished == 1000
+
+
+def test_stop_string_across_tokens_is_not_emitted(tiny):
+    prompt = PROMPTS[3]
+    full = run_all(tiny.engine(), [(0, "a", prompt, greedy(24))])["a"].outputs[0]
+    text = full.text
+    # A stop string that spans a token boundary somewhere in the middle of the text.
+    pieces = [tiny.tokenizer.decode(full.token_ids[:k]) for k in range(len(full.token_ids) + 1)]
+    k = next(k for k in range(3, len(pieces)) if len(pieces[k]) > len(pieces[k - 1]) >= 2 and len(pieces[k]) >= 6)
+    boundary = len(pieces[k - 1])
+    stop = text[boundary - 1: boundary + 1]
+    first = text.find(stop)
+    out = run_all(tiny.engine(), [(0, "b", prompt, greedy(24, stop=[stop]))])["b"].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    assert out.text == text[:first]
+    assert stop not in out.text
+
+
+def test_streamed_deltas_concatenate_to_the_text_and_hold_back_stop_prefixes(tiny):
+    prompt = PROMPTS[3]
+    full = run_all(tiny.engine(), [(0, "a", prompt, greedy(24))])["a"].outputs[0].text
+    stop = full[len(full) // 2: len(full) // 2 + 3]
+    engine = tiny.engine()
+    engine.add_request("s", prompt, greedy(24, stop=[stop]))
+    streamed, final = "", None
+    while engine.has_unfinished():
+        for out in engine.step():
+            streamed += out.outputs[0].delta_text
+            final = out
+    assert streamed == final.outputs[0].text == full[: full.find(stop)]
+
+
+def test_min_tokens_and_stop_token_ids(tiny):
+    prompt = PROMPTS[1]
+    ref = tiny.greedy(prompt, 20)
+    banned = ref[0]
+    out = run_all(tiny.engine(), [(0, "a", prompt, greedy(20, stop_token_ids=[banned]))])["a"].outputs[0]
+    assert out.token_ids == [banned] and out.finish_reason == "stop" and out.stop_reason == banned
+    out = run_all(tiny.engine(), [(0, "b", prompt, greedy(20, stop_token_ids=[banned], min_tokens=3))])["b"].outputs[0]
+    assert banned not in out.token_ids[:3]
+    assert len(out.token_ids) >= 3
+    if out.finish_reason == "stop":
+        assert out.token_ids[-1] == banned and banned not in out.token_ids[:-1]
+
+
+def test_eos_stops_unless_ignored(tiny):
+    prompt = PROMPTS[0]
+    ref = tiny.greedy(prompt, 16)
+    eos = ref[4]
+    first = ref.index(eos)
+    stopped = run_all(tiny.engine(eos_token_ids=[eos]), [(0, "a", prompt, SamplingParams(max_tokens=16, temperature=0))])
+    assert stopped["a"].outputs[0].token_ids == ref[: first + 1]
+    assert stopped["a"].outputs[0].finish_reason == "stop"
+    ignored = run_all(tiny.engine(eos_token_ids=[eos]), [(0, "b", prompt, greedy(16))])
+    assert ignored["b"].outputs[0].token_ids == ref
+    assert ignored["b"].outputs[0].finish_reason == "length"
+
+
+def test_n_samples_fork_and_share_prompt_blocks(tiny):
+    engine = tiny.engine(block_size=4, enable_prefix_caching=False)
+    prompt = PROMPTS[2][:18]  # 4 full blocks + a partial one
+    engine.add_request("n", prompt, SamplingParams(n=3, max_tokens=6, temperature=1.0, seed=5))
+    engine.step()  # the whole prompt is computed once, then forked
+    seqs = engine.requests["n"].sequences
+    tables = [engine.manager.block_table(s.seq_id) for s in seqs]
+    assert tables[0][:4] == tables[1][:4] == tables[2][:4]
+    assert all(engine.manager.ref_count(b) == 3 for b in tables[0][:4])
+    assert engine.stats()["prompt_tokens"] == len(prompt)  # computed once, not three times
+    done = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    texts = [o.token_ids for o in done["n"].outputs]
+    assert len(texts) == 3 and len({tuple(t) for t in texts}) > 1
+    assert engine.stats()["kv_used_blocks"] == 0
+    # Greedy n=3: every sample is the greedy continuation.
+    out = run_all(tiny.engine(), [(0, "g", prompt, greedy(6, n=3))])["g"]
+    assert [o.token_ids for o in out.outputs] == [tiny.greedy(prompt, 6)] * 3
+
+
+def test_seeded_sampling_does_not_depend_on_batch_composition(tiny):
+    params = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.95, seed=1234, ignore_eos=True)
+    alone = run_all(tiny.engine(), [(0, "s", PROMPTS[1], params)])["s"].outputs[0].token_ids
+    crowd = [(0, f"o{i}", PROMPTS[i], SamplingParams(max_tokens=8, temperature=0.9)) for i in (0, 2, 3)]
+    crowd += [(1, "s", PROMPTS[1], params), (2, "late", PROMPTS[4], greedy(5))]
+    together = run_all(tiny.engine(max_prefill_chunk=5), crowd)["s"].outputs[0].token_ids
+    assert together == alone
+
+
+def test_requests_that_can_never_fit_are_refused(tiny):
+    engine = tiny.engine(max_model_len=64, num_blocks=17, block_size=4)  # 64 tokens of KV
+    with pytest.raises(RequestRejected, match="max_model_len"):
+        engine.add_request("a", list(range(3, 60)), greedy(10))
+    with pytest.raises(RequestRejected, match="KV blocks"):  # fits max_model_len, but not 3 samples of it
+        engine.add_request("b", list(range(3, 30)), greedy(30, n=3))
+    with pytest.raises(ValueError, match="less than max_model_len"):
+        tiny.engine(max_model_len=64, num_blocks=10, block_size=4)
+    with pytest.raises(RequestRejected, match="empty"):
+        engine.add_request("c", [], greedy(1))
+    with pytest.raises(RequestRejected, match="vocabulary"):
+        engine.add_request("d", [1, 99999], greedy(1))
+    engine.add_request("e", [5, 6], greedy(1))
+    with pytest.raises(RequestRejected, match="already in use"):
+        engine.add_request("e", [5, 6], greedy(1))
+    full = tiny.engine(max_queue_len=2)
+    full.add_request("1", [5], greedy(1))
+    full.add_request("2", [5], greedy(1))
+    with pytest.raises(QueueFullError):
+        full.add_request("3", [5], greedy(1))
+
+
+def test_timeout_aborts_the_request(tiny):
+    import time
+
+    engine = tiny.engine()
+    engine.add_request("t", PROMPTS[0], SamplingParams(max_tokens=200, temperature=0, ignore_eos=True, timeout_ms=20))
+    engine.step()
+    time.sleep(0.05)
+    outs = [o for o in engine.step() if o.request_id == "t"]
+    assert outs and outs[0].finished and outs[0].outputs[0].finish_reason == "abort"
+    assert "timed out" in outs[0].error
+    assert engine.stats()["kv_used_blocks"] == 0 and not engine.has_unfinished()
