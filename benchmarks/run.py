@@ -1,0 +1,75 @@
+"""Benchmark harness: engines side by side on the same workload, in alternating rounds.
+
+    python -m benchmarks.run --workload W --engines rtp_llm,transformers --rounds 3 [--json out.json]
+
+Every engine must produce the same first greedy tokens on the same prompts (checked), so the
+comparison is of equal work. Reported per engine: output tokens/s (median, min, max over rounds),
+time per output token for single-prompt workloads, and same-round ratios against the first peer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+from benchmarks.engines import RtpLLM, Transformers
+from benchmarks.workloads import WORKLOADS
+
+ENGINES = {"rtp_llm": RtpLLM, "transformers": Transformers, "hf": Transformers}
+CHECK_TOKENS = 8  # leading greedy tokens that must agree between engines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", default="W", choices=sorted(WORKLOADS))
+    ap.add_argument("--engines", default="rtp_llm,transformers")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--json")
+    args = ap.parse_args()
+
+    wl = WORKLOADS[args.workload]
+    prompts = wl.prompts()
+    names = [n.strip() for n in args.engines.split(",") if n.strip()]
+    engines = {n: ENGINES[n](dtype=args.dtype) for n in names}
+    for e in engines.values():  # warm-up, also the equal-work check
+        e.run(prompts[:2], 4)
+    results = {n: [] for n in names}
+    first_tokens = {}
+    for r in range(args.rounds):
+        order = names if r % 2 == 0 else list(reversed(names))  # alternate who runs first
+        for n in order:
+            tokens, seconds, extra = engines[n].run(prompts, wl.new_tokens)
+            assert all(len(t) == wl.new_tokens for t in tokens), f"{n} produced the wrong number of tokens"
+            first_tokens.setdefault(n, [t[:CHECK_TOKENS] for t in tokens])
+            results[n].append({"seconds": seconds, "tok_s": len(prompts) * wl.new_tokens / seconds,
+                               "tpot_ms": 1000 * seconds / wl.new_tokens, **extra})
+            print(f"round {r} {n}: {results[n][-1]['tok_s']:.1f} output tok/s", flush=True)
+    ref = names[0]
+    agree = {n: sum(a == b for a, b in zip(first_tokens[ref], first_tokens[n])) / len(prompts) for n in names}
+    summary = {"workload": wl.__dict__, "dtype": args.dtype, "threads": torch.get_num_threads(),
+               "first_tokens_agree": agree, "engines": {}}
+    for n in names:
+        vals = [x["tok_s"] for x in results[n]]
+        summary["engines"][n] = {"tok_s_median": statistics.median(vals), "tok_s_min": min(vals),
+                                 "tok_s_max": max(vals),
+                                 "tpot_ms_median": statistics.median(x["tpot_ms"] for x in results[n]),
+                                 "rounds": results[n]}
+    for n in names[1:]:
+        ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(results[ref], results[n])]
+        summary["engines"][n][f"{ref}_over_this_same_round"] = ratios
+        summary["engines"][n][f"{ref}_over_this_median"] = statistics.median(ratios)
+    print(json.dumps({k: v for k, v in summary.items()}, indent=2, default=str))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=2, default=str)
+    bad = [n for n, a in agree.items() if a < 0.9]
+    if bad:
+        raise SystemExit(f"engines {bad} disagree with {ref} on the first {CHECK_TOKENS} greedy tokens")
+
+
+if __name__ == "__main__":
+    main()
