@@ -77,8 +77,9 @@ class AsyncEngine:
             loop.call_soon_threadsafe(q.put_nowait, item)
 
     # --- the asyncio side ----------------------------------------------------------------------------
-    async def generate(self, prompt: Union[str, Sequence[int]], params: SamplingParams,
-                       request_id: Optional[str] = None) -> AsyncIterator[RequestOutput]:
+    async def submit(self, prompt: Union[str, Sequence[int]], params: SamplingParams,
+                     request_id: Optional[str] = None) -> "RequestStream":
+        """Queues a request; raises the engine's validation errors (RequestRejected, QueueFullError)."""
         if self.dead is not None:
             raise EngineDeadError(f"the engine has stopped: {self.dead}")
         if not self._accepting:
@@ -89,26 +90,27 @@ class AsyncEngine:
         added: asyncio.Future = loop.create_future()
 
         def done(exc):
-            loop.call_soon_threadsafe(lambda: added.done() or (added.set_exception(exc) if exc else added.set_result(None)))
+            def settle():
+                if not added.done():
+                    added.set_exception(exc) if exc else added.set_result(None)
+            loop.call_soon_threadsafe(settle)
 
         self._streams[rid] = (loop, q)
         self._commands.put(("add", (rid, prompt, params, done)))
         self._wake.set()
-        finished = False
         try:
             await added
-            while True:
-                item = await q.get()
-                if isinstance(item, BaseException):
-                    raise EngineDeadError(f"the engine has stopped: {item}")
-                yield item
-                if item.finished:
-                    finished = True
-                    return
-        finally:
+        except BaseException:
             self._streams.pop(rid, None)
-            if not finished:
-                self.abort(rid)
+            raise
+        return RequestStream(self, rid, q)
+
+    async def generate(self, prompt: Union[str, Sequence[int]], params: SamplingParams,
+                       request_id: Optional[str] = None) -> AsyncIterator[RequestOutput]:
+        stream = await self.submit(prompt, params, request_id)
+        async with stream:
+            async for out in stream:
+                yield out
 
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
@@ -125,3 +127,39 @@ class AsyncEngine:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout)
+
+
+class RequestStream:
+    """Outputs of one request. Leaving it before the request finished (an exception, a cancelled
+    task, a disconnected client) aborts the request and frees its KV blocks."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str, q: asyncio.Queue):
+        self.engine, self.request_id, self._q = engine, request_id, q
+        self.finished = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self._q.get()
+        if isinstance(item, BaseException):
+            self.close()
+            raise EngineDeadError(f"the engine has stopped: {item}")
+        if item.finished:
+            self.finished = True
+            self.engine._streams.pop(self.request_id, None)
+        return item
+
+    def close(self) -> None:
+        self.engine._streams.pop(self.request_id, None)
+        if not self.finished:
+            self.finished = True
+            self.engine.abort(self.request_id)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        self.close()

@@ -1,0 +1,107 @@
+"""Command-line flags of start_server, each with an environment-variable twin named as upstream
+RTP-LLM names it (CHECKPOINT_PATH, MODEL_TYPE, TOKENIZER_PATH, MAX_SEQ_LEN, SEQ_SIZE_PER_BLOCK,
+REUSE_CACHE, ...). The command line wins over the environment, which wins over the default.
+A bad value, from either, is a one-line error naming the flag or variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+
+def _bool(v: str) -> bool:
+    s = str(v).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected a boolean (1/0, true/false), got {v!r}")
+
+
+def _opt_int(v: str) -> Optional[int]:
+    return None if str(v).lower() in ("", "none", "auto") else int(v)
+
+
+def _opt_float(v: str) -> Optional[float]:
+    return None if str(v).lower() in ("", "none", "auto") else float(v)
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str
+    env: str
+    type: Callable[[str], Any]
+    default: Any
+    help: str
+    aliases: tuple[str, ...] = ()
+    choices: Optional[tuple[str, ...]] = None
+
+
+FLAGS = [
+    Flag("checkpoint_path", "CHECKPOINT_PATH", str, None,
+         "model to serve: a Hugging Face directory or a .gguf file (default: the embedded SmolLM2-135M-Instruct)",
+         aliases=("--model",)),
+    Flag("tokenizer_path", "TOKENIZER_PATH", str, None, "tokenizer directory or .gguf (default: the model's)"),
+    Flag("model_type", "MODEL_TYPE", str, None, "qwen_3 | qwen_2 | llama (default: from the checkpoint)"),
+    Flag("dtype", "DTYPE", str, "auto", "weight dtype", choices=("auto", "float32", "bfloat16", "float16")),
+    Flag("max_model_len", "MAX_SEQ_LEN", _opt_int, None, "longest prompt + output in tokens (default: the model's)"),
+    Flag("max_num_seqs", "MAX_NUM_SEQS", int, 64, "sequences per step"),
+    Flag("max_num_batched_tokens", "MAX_NUM_BATCHED_TOKENS", int, 2048, "tokens per step"),
+    Flag("max_prefill_chunk", "MAX_PREFILL_CHUNK", _opt_int, None, "longest prefill chunk per sequence per step"),
+    Flag("block_size", "SEQ_SIZE_PER_BLOCK", int, 16, "tokens per KV block"),
+    Flag("num_blocks", "KV_CACHE_BLOCKS", _opt_int, None, "KV blocks (overrides kv_cache_memory_gb)"),
+    Flag("kv_cache_memory_gb", "KV_CACHE_MEM_GB", _opt_float, None, "KV cache size in GiB (CPU default 1)"),
+    Flag("enable_prefix_caching", "REUSE_CACHE", _bool, True, "reuse cached prompt prefixes (1/0)"),
+    Flag("max_queue_len", "MAX_QUEUE_LEN", int, 256, "waiting requests before new ones get 503"),
+    Flag("device", "DEVICE", str, "auto", "device to run on", choices=("auto", "cpu", "cuda", "npu")),
+    Flag("host", "HOST", str, "127.0.0.1", "address to listen on"),
+    Flag("port", "START_PORT", int, 8000, "port to listen on"),
+    Flag("api_key", "API_KEY", str, None, "require 'Authorization: Bearer <key>' on every route but /health"),
+    Flag("served_model_name", "SERVED_MODEL_NAME", str, None, "model name in the API (default: from the path)"),
+    Flag("max_body_bytes", "MAX_BODY_BYTES", int, 1 << 20, "largest request body accepted"),
+    Flag("shutdown_timeout", "SHUTDOWN_TIMEOUT", float, 30.0, "seconds in-flight requests get on SIGTERM/SIGINT"),
+    Flag("allow_pickle", "ALLOW_PICKLE", _bool, False, "allow pickle (.bin) checkpoints (runs their code)"),
+    Flag("log_level", "LOG_LEVEL", str, "info", "logging level", choices=("debug", "info", "warning", "error")),
+]
+
+
+class ConfigError(ValueError):
+    """A setting has a bad value; the message names the flag or variable."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m rtp_llm.start_server",
+        description="Serve a model over an OpenAI-compatible and RTP-LLM native HTTP API. Every flag has an "
+                    "environment-variable twin; the command line wins.")
+    for f in FLAGS:
+        default = "none" if f.default is None else f.default
+        p.add_argument(f"--{f.name}", *f.aliases, dest=f.name, default=None, metavar=f.env,
+                       help=f"{f.help} [env {f.env}; default {default}]"
+                            + (f" {{{', '.join(f.choices)}}}" if f.choices else ""))
+    return p
+
+
+def resolve(argv: Optional[list[str]] = None, environ: Optional[dict] = None) -> dict[str, Any]:
+    """Flag values: command line > environment > default. Raises ConfigError with one line."""
+    environ = os.environ if environ is None else environ
+    ns = build_parser().parse_args(argv)
+    out = {}
+    for f in FLAGS:
+        raw, source = getattr(ns, f.name), f"--{f.name}"
+        if raw is None and environ.get(f.env) not in (None, ""):
+            raw, source = environ[f.env], f.env
+        if raw is None:
+            out[f.name] = f.default
+            continue
+        try:
+            value = f.type(raw)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{source}={raw!r}: {exc}") from None
+        if f.choices and value not in f.choices:
+            raise ConfigError(f"{source}={raw!r}: choose one of {', '.join(f.choices)}")
+        out[f.name] = value
+    return out

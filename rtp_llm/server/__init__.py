@@ -1,0 +1,1 @@
+"""The HTTP server: OpenAI-compatible and RTP-LLM native routes, metrics, auth."""

@@ -1,0 +1,362 @@
+"""The FastAPI application: routes, error mapping, request logging."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from rtp_llm.engine.async_engine import AsyncEngine, RequestStream
+from rtp_llm.engine.errors import EngineDeadError, QueueFullError, RequestRejected
+from rtp_llm.engine.outputs import RequestOutput
+from rtp_llm.sampling import SamplingParams
+from rtp_llm.server import openai_format as fmt
+from rtp_llm.server.metrics import Metrics
+from rtp_llm.server.middleware import AuthMiddleware, BodyLimitMiddleware
+from rtp_llm.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, NativeRequest,
+                                     TokenizeRequest, error_body)
+from rtp_llm.tokenizer.chat_template import ChatTemplateError
+
+log = logging.getLogger("rtp_llm.server")
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: Optional[str] = None,
+                 code: Any = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+
+def _error(status: int, message: str, type_="invalid_request_error", param=None, code=None) -> JSONResponse:
+    return JSONResponse(error_body(message, type_, param, code), status_code=status)
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class Server:
+    def __init__(self, engine: AsyncEngine, served_model_name: str, max_model_len: int):
+        self.engine = engine
+        self.model_name = served_model_name
+        self.max_model_len = max_model_len
+        self.tokenizer = engine.engine.tokenizer
+        self.metrics = Metrics(engine.engine, served_model_name)
+
+    # --- shared plumbing -----------------------------------------------------------------------------
+    def check_model(self, name: Optional[str]) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
+
+    async def submit(self, prompt, params: SamplingParams, rid: str) -> RequestStream:
+        try:
+            return await self.engine.submit(prompt, params, rid)
+        except RequestRejected as exc:
+            raise APIError(400, str(exc), param="prompt") from None
+        except QueueFullError as exc:
+            raise APIError(503, str(exc), "server_overloaded", code="queue_full") from None
+        except EngineDeadError as exc:
+            raise APIError(503, str(exc), "server_error", code="engine_unavailable") from None
+
+    def finished(self, out: RequestOutput) -> None:
+        self.metrics.observe(out)
+        m = out.metrics
+        ttft = (m["first_token"] - m["arrival"]) if m.get("first_token") else float("nan")
+        dur = (m["finish"] - m["arrival"]) if m.get("finish") else float("nan")
+        log.info("request %s finished: %s, tokens in=%d (cached %d) out=%d, ttft=%.3fs, duration=%.3fs",
+                 out.request_id, ",".join(str(o.finish_reason) for o in out.outputs), len(out.prompt_token_ids),
+                 out.num_cached_tokens, sum(len(o.token_ids) for o in out.outputs), ttft, dur)
+
+    async def merged(self, streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(stream index, output) from several streams as they come; closes all on exit."""
+        q: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i, s):
+            try:
+                async for out in s:
+                    await q.put((i, out))
+            except BaseException as exc:  # noqa: BLE001 - forwarded to the consumer
+                await q.put((i, exc))
+            finally:
+                await q.put((i, None))
+
+        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+        try:
+            open_streams = len(streams)
+            while open_streams:
+                i, item = await q.get()
+                if item is None:
+                    open_streams -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    if item.finished:
+                        self.finished(item)
+                    yield i, item
+        finally:
+            for t in tasks:
+                t.cancel()
+            for s in streams:
+                s.close()
+
+    async def collect(self, request: Request, streams: list[RequestStream]) -> list[RequestOutput]:
+        """Final outputs of non-streamed requests; a client that disconnects aborts them."""
+        finals: list[Optional[RequestOutput]] = [None] * len(streams)
+
+        async def run():
+            async for i, out in self.merged(streams):
+                if out.finished:
+                    finals[i] = out
+
+        task = asyncio.create_task(run())
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=0.25)
+                if not task.done() and await request.is_disconnected():
+                    task.cancel()
+                    raise asyncio.CancelledError("client disconnected")
+            task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+            for s in streams:
+                s.close()
+        return finals  # type: ignore[return-value]
+
+    # --- parameter mapping ---------------------------------------------------------------------------
+    def params(self, req, max_tokens: Optional[int], logprobs: Optional[int], prompt_len: int) -> SamplingParams:
+        if max_tokens is None:
+            max_tokens = max(1, self.max_model_len - prompt_len)
+        try:
+            return SamplingParams(
+                max_tokens=max_tokens, min_tokens=req.min_tokens, temperature=req.temperature, top_k=req.top_k,
+                top_p=req.top_p, min_p=req.min_p, repetition_penalty=req.repetition_penalty,
+                presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty, seed=req.seed,
+                stop=req.stop_list(), stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos,
+                n=req.n, logprobs=logprobs)
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from None
+
+
+def create_app(engine: AsyncEngine, served_model_name: str, max_model_len: int, api_key: Optional[str] = None,
+               max_body_bytes: int = 1 << 20) -> FastAPI:
+    srv = Server(engine, served_model_name, max_model_len)
+    app = FastAPI(title="rtp-llm", version="0.1.0")
+    app.state.server = srv
+
+    @app.exception_handler(APIError)
+    async def _api_error(_, exc: APIError):
+        return _error(exc.status, exc.message, exc.type, exc.param, exc.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_, exc: RequestValidationError):
+        errs = exc.errors()
+        first = errs[0] if errs else {}
+        loc = [str(x) for x in first.get("loc", []) if x != "body"]
+        msg = first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":
+            return _error(400, f"the body is not valid JSON: {msg}", code="invalid_json")
+        return _error(400, f"{'.'.join(loc) or 'body'}: {msg}", param=".".join(loc) or None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_, exc: StarletteHTTPException):
+        return _error(exc.status_code, str(exc.detail), "invalid_request_error" if exc.status_code < 500 else
+                      "server_error")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_, exc: Exception):
+        log.exception("unhandled error")
+        return _error(500, f"internal error: {type(exc).__name__}", "server_error")
+
+    # --- plain routes --------------------------------------------------------------------------------
+    @app.get("/health")
+    async def health():
+        if engine.dead is not None:
+            return _error(503, f"the engine has stopped: {engine.dead}", "server_error")
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": srv.model_name, "object": "model", "created": int(time.time()),
+                                            "owned_by": "rtp-llm", "max_model_len": max_model_len}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return PlainTextResponse(generate_latest(srv.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest):
+        tok = srv.tokenizer
+        if req.messages is not None:
+            text = _render_chat(srv, req.messages, req.add_generation_prompt)
+            ids = tok.encode(text, add_special_tokens=False)
+        else:
+            ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        return {"tokens": ids, "count": len(ids), "max_model_len": max_model_len}
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest):
+        vocab = srv.tokenizer.vocab_size
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="tokens")
+        return {"prompt": srv.tokenizer.decode(req.tokens, skip_special_tokens=False)}
+
+    # --- OpenAI --------------------------------------------------------------------------------------
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatCompletionRequest, request: Request):
+        srv.check_model(req.model)
+        text = _render_chat(srv, req.messages, req.add_generation_prompt)
+        ids = srv.tokenizer.encode(text, add_special_tokens=False)
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        params = srv.params(req, max_tokens, logprobs, len(ids))
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        stream = await srv.submit(ids, params, rid)
+        created = int(time.time())
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(_chat_stream(srv, stream, rid, created, req.n, include_usage),
+                                     media_type="text/event-stream")
+        out = (await srv.collect(request, [stream]))[0]
+        return fmt.chat_response(srv, out, rid, created)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        srv.check_model(req.model)
+        prompts = req.prompts()
+        vocab = srv.tokenizer.vocab_size
+        encoded = []
+        for p in prompts:
+            ids = srv.tokenizer.encode(p) if isinstance(p, str) else p
+            if not ids:
+                raise APIError(400, "the prompt is empty", param="prompt")
+            if any(not 0 <= t < vocab for t in ids):
+                raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
+            encoded.append(ids)
+        params = [srv.params(req, req.max_tokens, req.logprobs, len(ids)) for ids in encoded]
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        streams = []
+        try:
+            for i, (ids, p) in enumerate(zip(encoded, params)):
+                streams.append(await srv.submit(ids, p, f"{rid}-{i}"))
+        except APIError:
+            for s in streams:
+                s.close()
+            raise
+        created = int(time.time())
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(_completion_stream(srv, streams, rid, created, req, include_usage),
+                                     media_type="text/event-stream")
+        outs = await srv.collect(request, streams)
+        return fmt.completion_response(srv, outs, rid, created, req, prompts)
+
+    # --- RTP-LLM native ------------------------------------------------------------------------------
+    @app.post("/", openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/NativeRequest"}}}}})
+    async def native(request: Request):
+        # Parsed by hand: upstream clients often post JSON without a JSON content-type.
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise APIError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
+        try:
+            req = NativeRequest.model_validate(body)
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
+        gc = req.generate_config
+        try:
+            params = SamplingParams(
+                max_tokens=gc.max_new_tokens, min_tokens=min(gc.min_new_tokens, gc.max_new_tokens),
+                temperature=gc.temperature, top_k=gc.top_k, top_p=gc.top_p, min_p=gc.min_p,
+                repetition_penalty=gc.repetition_penalty, presence_penalty=gc.presence_penalty,
+                frequency_penalty=gc.frequency_penalty, seed=gc.random_seed, stop=gc.stop_words_str,
+                stop_token_ids=[x[0] for x in gc.stop_words_list], n=gc.num_return_sequences,
+                ignore_eos=gc.ignore_eos, timeout_ms=gc.timeout_ms)
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from None
+        rid = f"native-{uuid.uuid4().hex}"
+        stream = await srv.submit(req.prompt, params, rid)
+        t0 = time.monotonic()
+        if req.yield_generator:
+            return StreamingResponse(_native_stream(srv, stream, t0, gc.return_incremental),
+                                     media_type="text/event-stream")
+        out = (await srv.collect(request, [stream]))[0]
+        return fmt.native_response(out, t0, incremental=False)
+
+    def openapi():
+        # The native route parses its body by hand; publish its schemas beside FastAPI's own.
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            native_schema = NativeRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            comps = doc.setdefault("components", {}).setdefault("schemas", {})
+            comps.update(native_schema.pop("$defs", {}))
+            comps["NativeRequest"] = native_schema
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+    if api_key:
+        app.add_middleware(AuthMiddleware, api_key=api_key)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
+    return app
+
+
+def _render_chat(srv: Server, messages, add_generation_prompt: bool) -> str:
+    msgs = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in messages]
+    try:
+        return srv.tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt)
+    except ChatTemplateError as exc:
+        raise APIError(400, str(exc), param="messages") from None
+
+
+async def _chat_stream(srv: Server, stream: RequestStream, rid, created, n, include_usage):
+    sent_role = [False] * n
+    final = None
+    async for _, out in srv.merged([stream]):
+        for o in out.outputs:
+            chunk = fmt.chat_chunk(srv, rid, created, o, first=not sent_role[o.index])
+            if chunk is not None:
+                sent_role[o.index] = True
+                yield _sse(chunk)
+        final = out
+    if include_usage and final is not None:
+        yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": srv.model_name,
+                    "choices": [], "usage": final.usage})
+    yield "data: [DONE]\n\n"
+
+
+async def _completion_stream(srv: Server, streams, rid, created, req, include_usage):
+    finals = {}
+    async for i, out in srv.merged(streams):
+        for o in out.outputs:
+            chunk = fmt.completion_chunk(srv, rid, created, i * req.n + o.index, o)
+            if chunk is not None:
+                yield _sse(chunk)
+        if out.finished:
+            finals[i] = out
+    if include_usage:
+        yield _sse({"id": rid, "object": "text_completion", "created": created, "model": srv.model_name,
+                    "choices": [], "usage": fmt.sum_usage(finals.values())})
+    yield "data: [DONE]\n\n"
+
+
+async def _native_stream(srv: Server, stream: RequestStream, t0: float, incremental: bool):
+    async for _, out in srv.merged([stream]):
+        yield _sse(fmt.native_response(out, t0, incremental))

@@ -1,0 +1,104 @@
+"""Engine outputs -> OpenAI / RTP-LLM response bodies."""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable, Optional
+
+from rtp_llm.engine.outputs import CompletionOutput, RequestOutput
+
+
+def _token_text(srv, token_id: int) -> str:
+    return srv.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _chat_logprobs(srv, lps) -> Optional[dict]:
+    if lps is None:
+        return None
+    content = []
+    for lp in lps:
+        tok = _token_text(srv, lp.token_id)
+        content.append({"token": tok, "logprob": lp.logprob, "bytes": list(tok.encode("utf-8")),
+                        "top_logprobs": [{"token": (t := _token_text(srv, i)), "logprob": v,
+                                          "bytes": list(t.encode("utf-8"))} for i, v in lp.top]})
+    return {"content": content}
+
+
+def _completion_logprobs(srv, lps, text_start: int = 0) -> Optional[dict]:
+    if lps is None:
+        return None
+    tokens, offsets, pos = [], [], text_start
+    for lp in lps:
+        t = _token_text(srv, lp.token_id)
+        tokens.append(t)
+        offsets.append(pos)
+        pos += len(t)
+    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps],
+            "top_logprobs": [{_token_text(srv, i): v for i, v in lp.top} for lp in lps], "text_offset": offsets}
+
+
+def sum_usage(outs: Iterable[RequestOutput]) -> dict:
+    total = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    for o in outs:
+        for k, v in o.usage.items():
+            total[k] += v
+    return total
+
+
+def chat_response(srv, out: RequestOutput, rid: str, created: int) -> dict:
+    return {
+        "id": rid, "object": "chat.completion", "created": created, "model": srv.model_name,
+        "choices": [{"index": o.index, "message": {"role": "assistant", "content": o.text},
+                     "logprobs": _chat_logprobs(srv, o.logprobs), "finish_reason": o.finish_reason}
+                    for o in out.outputs],
+        "usage": out.usage,
+    }
+
+
+def chat_chunk(srv, rid: str, created: int, o: CompletionOutput, first: bool) -> Optional[dict]:
+    if not (o.delta_text or first or o.finish_reason or o.delta_logprobs):
+        return None
+    delta = {"role": "assistant", "content": o.delta_text} if first else {"content": o.delta_text}
+    if o.finish_reason and not o.delta_text and not first:
+        delta = {}
+    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": srv.model_name,
+            "choices": [{"index": o.index, "delta": delta, "logprobs": _chat_logprobs(srv, o.delta_logprobs),
+                         "finish_reason": o.finish_reason}]}
+
+
+def completion_response(srv, outs: list[RequestOutput], rid: str, created: int, req, prompts) -> dict:
+    choices = []
+    for i, out in enumerate(outs):
+        prefix = ""
+        if req.echo:
+            p = prompts[i]
+            prefix = p if isinstance(p, str) else srv.tokenizer.decode(p, skip_special_tokens=False)
+        for o in out.outputs:
+            choices.append({"index": i * req.n + o.index, "text": prefix + o.text,
+                            "logprobs": _completion_logprobs(srv, o.logprobs, len(prefix)),
+                            "finish_reason": o.finish_reason})
+    return {"id": rid, "object": "text_completion", "created": created, "model": srv.model_name,
+            "choices": choices, "usage": sum_usage(outs)}
+
+
+def completion_chunk(srv, rid: str, created: int, index: int, o: CompletionOutput) -> Optional[dict]:
+    if not (o.delta_text or o.finish_reason):
+        return None
+    return {"id": rid, "object": "text_completion", "created": created, "model": srv.model_name,
+            "choices": [{"index": index, "text": o.delta_text, "logprobs": _completion_logprobs(srv, o.delta_logprobs),
+                         "finish_reason": o.finish_reason}]}
+
+
+def native_response(out: RequestOutput, t0: float, incremental: bool) -> dict:
+    texts = [o.delta_text if incremental else o.text for o in out.outputs]
+    return {
+        "response": texts[0] if len(texts) == 1 else texts,
+        "finished": out.finished,
+        "aux_info": {
+            "input_len": len(out.prompt_token_ids),
+            "output_len": max(len(o.token_ids) for o in out.outputs),
+            "reuse_len": out.num_cached_tokens,
+            "cost_time": round((time.monotonic() - t0) * 1000, 3),
+            "finish_reason": [o.finish_reason for o in out.outputs] if len(texts) > 1 else out.outputs[0].finish_reason,
+        },
+    }

@@ -1,0 +1,185 @@
+"""Request bodies of the HTTP API (pydantic), validated before anything reaches the engine.
+
+Fields follow OpenAI's API; a few engine extras (top_k, min_p, repetition_penalty, min_tokens,
+ignore_eos, stop_token_ids) are accepted as vLLM accepts them. Unknown fields are ignored, as
+OpenAI clients send fields this server does not use.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_N = 16
+MAX_STOP = 16
+ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Base):
+    include_usage: bool = False
+
+
+class TextPart(_Base):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Base):
+    role: str
+    content: Union[str, list[TextPart], None] = None
+    name: Optional[str] = None
+
+    @field_validator("role")
+    @classmethod
+    def _role(cls, v: str) -> str:
+        if v not in ROLES:
+            raise ValueError(f"unknown role {v!r}; use one of {', '.join(ROLES)}")
+        return v
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class _Sampling(_Base):
+    model: Optional[str] = None
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    n: int = Field(1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    stop: Union[str, list[str], None] = None
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    seed: Optional[int] = Field(None, ge=0, le=2**62)
+    user: Optional[str] = None
+    # engine extras
+    top_k: int = Field(0, ge=-1)
+    min_p: float = Field(0.0, ge=0, le=1)
+    repetition_penalty: float = Field(1.0, gt=0, le=10)
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
+    stop_token_ids: Optional[list[int]] = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v):
+        if isinstance(v, list) and len(v) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences")
+        return v
+
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_tokens: Optional[int] = Field(None, ge=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        return self
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: int = Field(16, ge=1)
+    logprobs: Optional[int] = Field(None, ge=0, le=20)
+    echo: bool = False
+    suffix: Optional[str] = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v):
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("prompt must not be an empty list")
+            if all(isinstance(x, list) for x in v) and any(not x for x in v):
+                raise ValueError("a token-id prompt must not be empty")
+            if len(v) > 64 and not all(isinstance(x, int) for x in v):
+                raise ValueError("at most 64 prompts per request")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _suffix(cls, v):
+        if v:
+            raise ValueError("suffix is not supported")
+        return v
+
+    def prompts(self) -> list[Union[str, list[int]]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]
+        return list(p)
+
+
+class GenerateConfig(_Base):
+    """RTP-LLM's generate_config (the subset this engine implements)."""
+    max_new_tokens: int = Field(256, ge=1)
+    min_new_tokens: int = Field(0, ge=0)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_k: int = Field(0, ge=-1)
+    top_p: float = Field(1.0, gt=0, le=1)
+    min_p: float = Field(0.0, ge=0, le=1)
+    repetition_penalty: float = Field(1.0, gt=0, le=10)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    random_seed: Optional[int] = Field(None, ge=0, le=2**62)
+    stop_words_str: list[str] = Field(default_factory=list, max_length=MAX_STOP)
+    stop_words_list: list[list[int]] = Field(default_factory=list, max_length=MAX_STOP)
+    num_return_sequences: int = Field(1, ge=1, le=MAX_N)
+    return_incremental: bool = False
+    ignore_eos: bool = False
+    timeout_ms: Optional[int] = Field(None, gt=0)
+
+    @field_validator("stop_words_list")
+    @classmethod
+    def _single_token_stops(cls, v):
+        if any(len(x) != 1 for x in v):
+            raise ValueError("stop_words_list entries must be single token ids ([[id], ...])")
+        return v
+
+
+class NativeRequest(_Base):
+    prompt: str
+    generate_config: GenerateConfig = Field(default_factory=GenerateConfig)
+    yield_generator: bool = False
+
+
+class TokenizeRequest(_Base):
+    prompt: Optional[str] = None
+    messages: Optional[list[ChatMessage]] = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        return self
+
+
+class DetokenizeRequest(_Base):
+    tokens: list[int]
+
+
+def error_body(message: str, type_: str = "invalid_request_error", param: Optional[str] = None,
+               code: Any = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

@@ -1,0 +1,80 @@
+"""python -m rtp_llm.start_server: serve a model over HTTP.
+
+With no arguments it serves the embedded default model (SmolLM2-135M-Instruct) on
+127.0.0.1:8000. `--help` lists every flag with its environment-variable twin.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rtp_llm.config.server_args import ConfigError, resolve
+
+    try:
+        args = resolve(argv)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args["log_level"].upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("rtp_llm.start_server")
+
+    from rtp_llm.config.engine_config import EngineConfig
+    from rtp_llm.device import DeviceError, resolve_device
+    from rtp_llm.models.errors import CheckpointError
+
+    try:
+        device = resolve_device(args["device"])
+        config = EngineConfig(
+            model=args["checkpoint_path"], tokenizer=args["tokenizer_path"], model_type=args["model_type"],
+            dtype=args["dtype"], device=device, max_model_len=args["max_model_len"],
+            max_num_seqs=args["max_num_seqs"], max_num_batched_tokens=args["max_num_batched_tokens"],
+            max_prefill_chunk=args["max_prefill_chunk"], block_size=args["block_size"],
+            num_blocks=args["num_blocks"], kv_cache_memory_gb=args["kv_cache_memory_gb"],
+            enable_prefix_caching=args["enable_prefix_caching"], max_queue_len=args["max_queue_len"],
+            allow_pickle=args["allow_pickle"])
+        from rtp_llm.engine.async_engine import AsyncEngine
+        from rtp_llm.engine.llm_engine import LLMEngine
+
+        engine = LLMEngine(config)
+    except (ConfigError, DeviceError, CheckpointError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    import uvicorn
+
+    from rtp_llm.models.default_model import SERVED_NAME
+    from rtp_llm.server.app import create_app
+
+    name = args["served_model_name"] or (
+        SERVED_NAME if config.model is None else os.path.basename(os.path.normpath(config.model)))
+    async_engine = AsyncEngine(engine)
+    app = create_app(async_engine, name, engine.max_model_len, args["api_key"], args["max_body_bytes"])
+
+    @app.on_event("shutdown")
+    async def _stop_engine():
+        async_engine.stop_accepting()
+        async_engine.shutdown()
+
+    log.info("serving %s as %r on http://%s:%d (device %s)", engine.model_path, name, args["host"], args["port"],
+             device)
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            if not self.should_exit:
+                log.info("signal %d: no new requests; in-flight ones get %.0fs to finish", sig,
+                         args["shutdown_timeout"])
+            super().handle_exit(sig, frame)
+            # uvicorn re-raises the signal after a graceful stop; a requested stop is a clean exit (0).
+            self._captured_signals.clear()
+
+    server = _Server(uvicorn.Config(app, host=args["host"], port=args["port"], log_level=args["log_level"],
+                                           timeout_graceful_shutdown=args["shutdown_timeout"], access_log=False))
+    server.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Bad input gets a 4xx with an OpenAI-style error body, never a 5xx or a hang."""
+
+import httpx
+import pytest
+
+from tests.server.server_process import ServerProcess
+
+CHAT = "/v1/chat/completions"
+CMPL = "/v1/completions"
+MSG = [{"role": "user", "content": "hi"}]
+
+CASES = [
+    (CHAT, {"messages": MSG, "max_tokens": "ten"}, 400),
+    (CHAT, {"messages": MSG, "max_tokens": -1}, 400),
+    (CHAT, {"messages": MSG, "temperature": -0.5}, 400),
+    (CHAT, {"messages": MSG, "temperature": "hot"}, 400),
+    (CHAT, {"messages": MSG, "top_p": 0}, 400),
+    (CHAT, {"messages": []}, 400),
+    (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400),
+    (CHAT, {"messages": "hi"}, 400),
+    (CHAT, {}, 400),
+    (CHAT, {"messages": MSG, "n": 100000}, 400),
+    (CHAT, {"messages": MSG, "top_logprobs": 3}, 400),
+    (CHAT, {"messages": MSG, "stop": ["a"] * 50}, 400),
+    (CHAT, {"messages": MSG, "model": "not-this-one"}, 404),
+    (CMPL, {"prompt": "x", "max_tokens": 0}, 400),
+    (CMPL, {"prompt": []}, 400),
+    (CMPL, {"prompt": [[]]}, 400),
+    (CMPL, {"prompt": [10**9]}, 400),
+    (CMPL, {"prompt": "x" * 3000, "max_tokens": 1}, 400),   # over max_model_len (512)
+    (CMPL, {"prompt": "x", "max_tokens": 100000}, 400),
+    (CMPL, {"prompt": "x", "suffix": "y"}, 400),
+    (CMPL, {"prompt": "x", "seed": -1}, 400),
+    (CMPL, {"prompt": "x", "presence_penalty": 5}, 400),
+    ("/", {"prompt": "x", "generate_config": {"max_new_tokens": -3}}, 400),
+    ("/", {"prompt": 5}, 400),
+    ("/", {"generate_config": {}}, 400),
+    ("/tokenize", {}, 400),
+    ("/detokenize", {"tokens": [-1]}, 400),
+]
+
+
+@pytest.fixture(scope="module")
+def small():
+    srv = ServerProcess("--max_model_len", "512", "--kv_cache_memory_gb", "0.1", "--max_body_bytes", "100000")
+    yield srv
+    assert srv.stop() == 0
+
+
+@pytest.mark.parametrize("path,body,status", CASES)
+def test_bad_body_gets_4xx_with_error_body(small, path, body, status):
+    r = httpx.post(small.url + path, json=body, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["message"] and err["type"] and "code" in err and "param" in err
+
+
+def test_invalid_json_and_oversized_body(small):
+    r = httpx.post(small.url + CHAT, content=b"{not json", headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = httpx.post(small.url + "/", content=b"{not json", timeout=30)
+    assert r.status_code == 400
+    r = httpx.post(small.url + CMPL, json={"prompt": "x" * 200000}, timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+def test_unknown_route_and_method(small):
+    assert httpx.get(small.url + "/v1/nothing").status_code == 404
+    assert httpx.get(small.url + CHAT).status_code == 405
+
+
+def test_api_key_guards_every_route_but_health():
+    srv = ServerProcess("--max_model_len", "256", "--kv_cache_memory_gb", "0.05", env={"API_KEY": "s3cret"})
+    try:
+        assert httpx.get(srv.url + "/health").status_code == 200
+        for method, path in (("GET", "/v1/models"), ("GET", "/metrics"), ("POST", CHAT), ("POST", "/")):
+            r = httpx.request(method, srv.url + path, json={"messages": MSG}, timeout=30)
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+            r = httpx.request(method, srv.url + path, json={}, headers={"Authorization": "Bearer wrong"}, timeout=30)
+            assert r.status_code == 401
+        r = httpx.get(srv.url + "/v1/models", headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 200
+    finally:
+        assert srv.stop() == 0
+
+
+def test_full_queue_gets_503():
+    srv = ServerProcess("--max_model_len", "256", "--kv_cache_memory_gb", "0.05", "--max_num_seqs", "1",
+                        "--max_queue_len", "1")
+    try:
+        import asyncio
+
+        async def flood():
+            async with httpx.AsyncClient(timeout=120) as http:
+                body = {"prompt": "tell me", "max_tokens": 40, "ignore_eos": True}
+                return await asyncio.gather(*(http.post(srv.url + CMPL, json=body) for _ in range(8)))
+
+        codes = sorted(r.status_code for r in asyncio.run(flood()))
+        assert 200 in codes and 503 in codes and set(codes) <= {200, 503}
+    finally:
+        assert srv.stop() == 0
