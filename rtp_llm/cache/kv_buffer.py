@@ -64,6 +64,6 @@ class KVBuffer:
         copies = list(copies)
         if not copies:
             return
-        src = torch.tensor([c[0] for c in copies], dtype=torch.long, device=self.buffer.device)
-        dst = torch.tensor([c[1] for c in copies], dtype=torch.long, device=self.buffer.device)
+        src = torch.tensor([c[0] for c in copies], dtype=torch.long).to(self.buffer.device)
+        dst = torch.tensor([c[1] for c in copies], dtype=torch.long).to(self.buffer.device)
         self.buffer[:, :, dst] = self.buffer[:, :, src]

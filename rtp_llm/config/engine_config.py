@@ -17,7 +17,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_prefill_chunk: Optional[int] = None  # longest prefill chunk per sequence per step; None = the token budget
-    block_size: int = 16
+    block_size: Optional[int] = None       # None = the device's default (16; 128 on NPU)
     num_blocks: Optional[int] = None        # explicit KV block count (overrides the memory settings)
     kv_cache_memory_gb: Optional[float] = None  # KV bytes; None: 1 GiB on CPU, kv_cache_memory_fraction elsewhere
     kv_cache_memory_fraction: float = 0.9   # of free accelerator memory after weights
@@ -31,7 +31,7 @@ class EngineConfig:
         checks = [
             ("max_num_seqs", self.max_num_seqs >= 1),
             ("max_num_batched_tokens", self.max_num_batched_tokens >= 1),
-            ("block_size", self.block_size >= 1),
+            ("block_size", self.block_size is None or self.block_size >= 1),
             ("max_queue_len", self.max_queue_len >= 1),
             ("max_prefill_chunk", self.max_prefill_chunk is None or self.max_prefill_chunk >= 1),
             ("num_blocks", self.num_blocks is None or self.num_blocks >= 2),

@@ -51,7 +51,7 @@ FLAGS = [
     Flag("max_num_seqs", "MAX_NUM_SEQS", int, 64, "sequences per step"),
     Flag("max_num_batched_tokens", "MAX_NUM_BATCHED_TOKENS", int, 2048, "tokens per step"),
     Flag("max_prefill_chunk", "MAX_PREFILL_CHUNK", _opt_int, None, "longest prefill chunk per sequence per step"),
-    Flag("block_size", "SEQ_SIZE_PER_BLOCK", int, 16, "tokens per KV block"),
+    Flag("block_size", "SEQ_SIZE_PER_BLOCK", _opt_int, None, "tokens per KV block (default 16; 128 on NPU)"),
     Flag("num_blocks", "KV_CACHE_BLOCKS", _opt_int, None, "KV blocks (overrides kv_cache_memory_gb)"),
     Flag("kv_cache_memory_gb", "KV_CACHE_MEM_GB", _opt_float, None, "KV cache size in GiB (CPU default 1)"),
     Flag("enable_prefix_caching", "REUSE_CACHE", _bool, True, "reuse cached prompt prefixes (1/0)"),

@@ -1,44 +1,40 @@
-"""Device selection. (The full Device interface, with the NPU, lives here as the Ascend work lands.)"""
+"""Devices: what differs between CPU, CUDA and Ascend NPU, in one place.
+
+A Device says which torch device tensors live on, how to query memory and synchronise, which
+collective backend tensor parallelism uses, which attention backend and which fused ops its model
+graph runs. Everything else in the engine is device-neutral.
+"""
 
 from __future__ import annotations
 
-import importlib.util
+from rtp_llm.device.base import Device, DeviceError
+from rtp_llm.device.cpu import CpuDevice
+from rtp_llm.device.cuda import CudaDevice
+from rtp_llm.device.npu import NpuDevice, npu_status
 
-
-class DeviceError(RuntimeError):
-    """The requested device is not available here; the message says why."""
-
-
-def _npu_available() -> tuple[bool, str]:
-    if importlib.util.find_spec("torch_npu") is None:
-        return False, "torch_npu is not installed"
-    try:
-        import torch
-        import torch_npu  # noqa: F401
-    except (ImportError, OSError, RuntimeError) as exc:  # CANN libraries missing or mismatched
-        return False, f"torch_npu does not load ({exc})"
-    if not torch.npu.is_available():
-        return False, "torch_npu loads but sees no NPU (check npu-smi and ASCEND_RT_VISIBLE_DEVICES)"
-    return True, ""
+_DEVICES = {"cpu": CpuDevice, "cuda": CudaDevice, "npu": NpuDevice}
 
 
 def resolve_device(name: str) -> str:
-    """auto -> npu, then cuda, then cpu. An explicit device that is not there raises DeviceError."""
-    import torch
-
-    if name == "cpu":
-        return "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise DeviceError("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
-        return "cuda"
-    if name == "npu":
-        ok, why = _npu_available()
-        if not ok:
-            raise DeviceError(f"--device npu: {why}")
-        return "npu"
+    """auto -> npu, then cuda, then cpu. An explicit device that is not there raises DeviceError
+    whose message says why (torch_npu missing, CANN libraries not loading, no device visible)."""
     if name == "auto":
-        if _npu_available()[0]:
-            return "npu"
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    raise DeviceError(f"unknown device {name!r}; use auto, cpu, cuda or npu")
+        for candidate in ("npu", "cuda"):
+            if _DEVICES[candidate].available()[0]:
+                return candidate
+        return "cpu"
+    if name not in _DEVICES:
+        raise DeviceError(f"unknown device {name!r}; use auto, cpu, cuda or npu")
+    ok, why = _DEVICES[name].available()
+    if not ok:
+        raise DeviceError(f"--device {name}: {why}")
+    return name
+
+
+def get_device(name: str, index: int = 0) -> Device:
+    """The Device object for a resolved name ('cpu', 'cuda', 'npu')."""
+    return _DEVICES[resolve_device(name)](index)
+
+
+__all__ = ["CpuDevice", "CudaDevice", "Device", "DeviceError", "NpuDevice", "get_device", "npu_status",
+           "resolve_device"]

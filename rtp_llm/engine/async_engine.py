@@ -40,6 +40,7 @@ class AsyncEngine:
     # --- the engine thread ---------------------------------------------------------------------------
     def _loop(self) -> None:
         try:
+            self.engine.device.bind_thread()
             while not self._stop.is_set():
                 self._drain_commands()
                 if not self.engine.has_unfinished():

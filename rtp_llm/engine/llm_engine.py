@@ -33,13 +33,20 @@ log = logging.getLogger(__name__)
 _GiB = 1 << 30
 
 
-def _kv_blocks(cfg: EngineConfig, model_cfg, kv_dtype: torch.dtype) -> int:
-    per_block = KVBuffer.bytes_per_block(model_cfg.num_layers, cfg.block_size, model_cfg.num_kv_heads,
+def _kv_blocks(cfg: EngineConfig, model_cfg, kv_dtype: torch.dtype, block_size: int, device) -> int:
+    """Explicit count, else kv_cache_memory_gb, else 1 GiB on CPU or a fraction of free device memory."""
+    per_block = KVBuffer.bytes_per_block(model_cfg.num_layers, block_size, model_cfg.num_kv_heads,
                                          model_cfg.head_dim, kv_dtype)
     if cfg.num_blocks is not None:
         return cfg.num_blocks
-    gb = cfg.kv_cache_memory_gb if cfg.kv_cache_memory_gb is not None else 1.0
-    return int(gb * _GiB) // per_block + 1  # + the padding block
+    if cfg.kv_cache_memory_gb is not None:
+        budget = int(cfg.kv_cache_memory_gb * _GiB)
+    elif device.name == "cpu":
+        budget = _GiB
+    else:
+        free, _ = device.memory_info()
+        budget = int(free * cfg.kv_cache_memory_fraction)
+    return budget // per_block + 1  # + the padding block
 
 
 class LLMEngine:
@@ -47,7 +54,13 @@ class LLMEngine:
         from rtp_llm.models.registry import load_model
         from rtp_llm.tokenizer import Tokenizer
 
+        from rtp_llm.device import get_device
+
         self.config = config
+        self.device = get_device(config.device)
+        self.device.bind_thread()
+        self.block_size = config.block_size or self.device.default_block_size
+        self.device.validate_block_size(self.block_size)
         path = config.model
         if path is None:
             from rtp_llm.models.default_model import default_model_path
@@ -55,8 +68,8 @@ class LLMEngine:
             path = default_model_path()
         self.model_path = path
         if model is None:
-            model, model_config = load_model(path, config.model_type, config.dtype, config.device,
-                                             allow_pickle=config.allow_pickle, progress=True)
+            model, model_config = load_model(path, config.model_type, config.dtype, self.device.torch_device,
+                                             allow_pickle=config.allow_pickle, progress=True, ops=self.device.ops())
         self.model, self.model_config = model, model_config
         self.tokenizer = tokenizer or Tokenizer.load(config.tokenizer or path)
         mc = model_config
@@ -64,16 +77,16 @@ class LLMEngine:
         if self.max_model_len > mc.max_position_embeddings:
             raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings="
                              f"{mc.max_position_embeddings}")
-        num_blocks = _kv_blocks(config, mc, model.dtype)
-        capacity = (num_blocks - 1) * config.block_size
+        num_blocks = _kv_blocks(config, mc, model.dtype, self.block_size, self.device)
+        capacity = (num_blocks - 1) * self.block_size
         if capacity < self.max_model_len:
             raise ValueError(
-                f"the KV cache holds {capacity} tokens ({num_blocks - 1} blocks of {config.block_size}), less than "
+                f"the KV cache holds {capacity} tokens ({num_blocks - 1} blocks of {self.block_size}), less than "
                 f"max_model_len={self.max_model_len}: give it more memory (kv_cache_memory_gb / num_blocks) "
                 f"or lower max_model_len")
-        self.runner = ModelRunner(model, mc, num_blocks, config.block_size,
-                                  attention=config.attention_backend or "torch_ref",
-                                  enable_prefix_cache=config.enable_prefix_caching, device=config.device)
+        self.runner = ModelRunner(model, mc, num_blocks, self.block_size,
+                                  attention=config.attention_backend or self.device.default_attention,
+                                  enable_prefix_cache=config.enable_prefix_caching, device=self.device.torch_device)
         self.manager = self.runner.manager
         self.scheduler = Scheduler(self.manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.prefill_chunk)
@@ -85,7 +98,7 @@ class LLMEngine:
         self._pending: list[RequestOutput] = []
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0, "steps": 0}
         log.info("KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB); max concurrency at max_model_len=%d: %.1f",
-                 num_blocks - 1, config.block_size, capacity, self.runner.kv.nbytes / _GiB, self.max_model_len,
+                 num_blocks - 1, self.block_size, capacity, self.runner.kv.nbytes / _GiB, self.max_model_len,
                  capacity / self.max_model_len)
 
     # --- requests ------------------------------------------------------------------------------------
@@ -105,7 +118,7 @@ class LLMEngine:
             raise RequestRejected(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {len(ids) + params.max_tokens} "
                 f"exceeds max_model_len={self.max_model_len}")
-        bs = self.config.block_size
+        bs = self.block_size
         worst = -(-(len(ids) + params.max_tokens) // bs) + (params.n - 1) * (-(-params.max_tokens // bs) + 1)
         if worst > self.manager.num_blocks - 1:
             raise RequestRejected(f"the request needs up to {worst} KV blocks but the pool has "
@@ -218,7 +231,7 @@ class LLMEngine:
         return rows
 
     def _sample(self, logits: torch.Tensor, rows: list[tuple[Sequence, int]]):
-        idx = torch.tensor([r for _, r in rows], dtype=torch.long, device=logits.device)
+        idx = torch.tensor([r for _, r in rows], dtype=torch.long).to(logits.device)
         if len(rows) != logits.shape[0] or any(i != r for i, (_, r) in enumerate(rows)):
             logits = logits.index_select(0, idx)
         seqs = [s for s, _ in rows]
@@ -229,15 +242,16 @@ class LLMEngine:
         banned = [(i, t) for i, s in enumerate(seqs) if len(s.output) < s.request.params.min_tokens
                   for t in self._stop_ids(s.request.params)]
         if banned:  # min_tokens: stop tokens cannot be generated yet
-            bi = torch.tensor([b[0] for b in banned], device=logits.device)
-            bt = torch.tensor([b[1] for b in banned], device=logits.device)
+            bi = torch.tensor([b[0] for b in banned]).to(logits.device)
+            bt = torch.tensor([b[1] for b in banned]).to(logits.device)
             logits = logits.clone()
             logits[bi, bt] = float("-inf")
         out = self.runner.sampler(logits, batch)
-        return (out.token_ids.tolist(),
-                out.logprobs.tolist() if out.logprobs is not None else None,
-                out.top_ids.tolist() if out.top_ids is not None else None,
-                out.top_logprobs.tolist() if out.top_logprobs is not None else None)
+        # The only device -> host copies of a step: R token ids (and logprobs when asked).
+        return (out.token_ids.cpu().tolist(),
+                out.logprobs.cpu().tolist() if out.logprobs is not None else None,
+                out.top_ids.cpu().tolist() if out.top_ids is not None else None,
+                out.top_logprobs.cpu().tolist() if out.top_logprobs is not None else None)
 
     def _stop_ids(self, params: SamplingParams) -> set[int]:
         return set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)

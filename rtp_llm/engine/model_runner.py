@@ -21,7 +21,7 @@ from rtp_llm.sampling import Sampler
 class ModelRunner:
     def __init__(self, model: DecoderLM, cfg: ModelConfig, num_blocks: int, block_size: int,
                  attention: str = "torch_ref", enable_prefix_cache: bool = True,
-                 kv_dtype: torch.dtype | None = None, device: torch.device | str = "cpu"):
+                 kv_dtype: torch.dtype | None = None, device: torch.device | str = "cpu", ops=None):
         self.model, self.cfg = model, cfg
         self.block_size = block_size
         self.device = torch.device(device)
@@ -30,7 +30,7 @@ class ModelRunner:
                            dtype=kv_dtype or model.dtype, device=self.device)
         self.attn = get_backend(attention)(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5,
                                            block_size)
-        self.sampler = Sampler()
+        self.sampler = Sampler(ops or model.ops)
         self._seq_ids = itertools.count(1)
 
     def new_seq_id(self) -> int:

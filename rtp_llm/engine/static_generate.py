@@ -48,7 +48,7 @@ def generate_static(runner: ModelRunner, prompts: Sequence[Sequence[int]], param
         sb = SamplingBatch.build([params] * len(live), [seeds[i] for i in live], [step] * len(live),
                                  [prompts[i] for i in live], [outs[i].token_ids for i in live],
                                  logits.shape[-1], logits.device)
-        new = runner.sampler(logits, sb).token_ids.tolist()
+        new = runner.sampler(logits, sb).token_ids.cpu().tolist()
         still = []
         for row, i in enumerate(live):
             outs[i].token_ids.append(new[row])

@@ -44,9 +44,10 @@ class RotaryEmbedding:
         emb = torch.cat((freqs, freqs), dim=-1)
         self._cos, self._sin = emb.cos(), emb.sin()
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """[T, head_dim] cos and sin for these positions (built once per step, shared by all layers)."""
-        need = int(positions.max()) + 1 if positions.numel() else 0
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, head_dim] cos and sin for these positions (built once per step, shared by all layers).
+        max_position comes from the host, so growing the table never reads the device."""
+        need = max_position + 1
         if need > self._cos.shape[0]:
             self._build(max(need, 2 * self._cos.shape[0]))
         return self._cos[positions].to(dtype), self._sin[positions].to(dtype)

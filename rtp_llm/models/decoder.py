@@ -16,41 +16,41 @@ from torch import nn
 from rtp_llm.cache.kv_buffer import KVBuffer
 from rtp_llm.config.model_config import ModelConfig
 from rtp_llm.layers.attention.base import AttentionBackend
-from rtp_llm.layers.norm import rms_norm
-from rtp_llm.layers.rotary import RotaryEmbedding, apply_rotary
+from rtp_llm.layers.ops import TorchOps
+from rtp_llm.layers.rotary import RotaryEmbedding
 from rtp_llm.models.errors import MissingTensorError, ShapeMismatchError
 from rtp_llm.models.forward_batch import ForwardBatch
 
 
-def _param(shape, dtype):
-    return nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
+def _param(shape, dtype, device):
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device):
         super().__init__()
         self.cfg = cfg
         h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
-        self.input_norm = _param((h,), dtype)
-        self.qkv_weight = _param((q + 2 * kv, h), dtype)
-        self.qkv_bias = _param((q + 2 * kv,), dtype) if cfg.qkv_bias else None
-        self.q_norm = _param((cfg.head_dim,), dtype) if cfg.qk_norm else None
-        self.k_norm = _param((cfg.head_dim,), dtype) if cfg.qk_norm else None
-        self.o_weight = _param((h, q), dtype)
-        self.o_bias = _param((h,), dtype) if cfg.o_bias else None
-        self.post_norm = _param((h,), dtype)
-        self.gate_up_weight = _param((2 * inter, h), dtype)
-        self.gate_up_bias = _param((2 * inter,), dtype) if cfg.mlp_bias else None
-        self.down_weight = _param((h, inter), dtype)
-        self.down_bias = _param((h,), dtype) if cfg.mlp_bias else None
+        self.input_norm = _param((h,), dtype, device)
+        self.qkv_weight = _param((q + 2 * kv, h), dtype, device)
+        self.qkv_bias = _param((q + 2 * kv,), dtype, device) if cfg.qkv_bias else None
+        self.q_norm = _param((cfg.head_dim,), dtype, device) if cfg.qk_norm else None
+        self.k_norm = _param((cfg.head_dim,), dtype, device) if cfg.qk_norm else None
+        self.o_weight = _param((h, q), dtype, device)
+        self.o_bias = _param((h,), dtype, device) if cfg.o_bias else None
+        self.post_norm = _param((h,), dtype, device)
+        self.gate_up_weight = _param((2 * inter, h), dtype, device)
+        self.gate_up_bias = _param((2 * inter,), dtype, device) if cfg.mlp_bias else None
+        self.down_weight = _param((h, inter), dtype, device)
+        self.down_bias = _param((h,), dtype, device) if cfg.mlp_bias else None
 
-    def forward(self, x, residual, cos, sin, layer_kv, attn: AttentionBackend, meta):
+    def forward(self, x, residual, cos, sin, layer_kv, attn: AttentionBackend, meta, ops):
         cfg = self.cfg
         if residual is None:
             residual = x
+            h = ops.rms_norm(x, self.input_norm, cfg.rms_norm_eps)
         else:
-            residual = x + residual
-        h = rms_norm(residual, self.input_norm, cfg.rms_norm_eps)
+            h, residual = ops.add_rms_norm(x, residual, self.input_norm, cfg.rms_norm_eps)
         qkv = F.linear(h, self.qkv_weight, self.qkv_bias)
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         t = q.shape[0]
@@ -58,31 +58,28 @@ class DecoderLayer(nn.Module):
         k = k.reshape(t, cfg.num_kv_heads, cfg.head_dim)
         v = v.reshape(t, cfg.num_kv_heads, cfg.head_dim)
         if self.q_norm is not None:
-            q = rms_norm(q, self.q_norm, cfg.rms_norm_eps)
-            k = rms_norm(k, self.k_norm, cfg.rms_norm_eps)
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
+            q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps)
+            k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
+        q, k = ops.rotary(q, k, cos, sin)
         o = attn.forward(q, k, v, layer_kv, meta).reshape(t, cfg.q_size)
         x = F.linear(o, self.o_weight, self.o_bias)
-        residual = x + residual
-        h = rms_norm(residual, self.post_norm, cfg.rms_norm_eps)
+        h, residual = ops.add_rms_norm(x, residual, self.post_norm, cfg.rms_norm_eps)
         gate_up = F.linear(h, self.gate_up_weight, self.gate_up_bias)
-        gate, up = gate_up.chunk(2, dim=-1)
-        x = F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)
+        x = F.linear(ops.silu_and_mul(gate_up), self.down_weight, self.down_bias)
         return x, residual
 
 
 class DecoderLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32, device="cpu"):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32, device="cpu", ops=None):
         super().__init__()
         self.cfg = cfg
         self.dtype = dtype
-        self.embed = _param((cfg.vocab_size, cfg.hidden_size), dtype)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype) for _ in range(cfg.num_layers))
-        self.norm = _param((cfg.hidden_size,), dtype)
-        self.lm_head = None if cfg.tie_word_embeddings else _param((cfg.vocab_size, cfg.hidden_size), dtype)
+        self.ops = ops or TorchOps()
+        self.embed = _param((cfg.vocab_size, cfg.hidden_size), dtype, device)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device) for _ in range(cfg.num_layers))
+        self.norm = _param((cfg.hidden_size,), dtype, device)
+        self.lm_head = None if cfg.tie_word_embeddings else _param((cfg.vocab_size, cfg.hidden_size), dtype, device)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, min(cfg.max_position_embeddings, 4096), device)
-        self.to(device)
 
     # --- weights -------------------------------------------------------------------------------------
     def expected_weights(self) -> dict[str, tuple[int, ...]]:
@@ -165,12 +162,12 @@ class DecoderLM(nn.Module):
     def forward(self, batch: ForwardBatch, kv: KVBuffer, attn: AttentionBackend) -> torch.Tensor:
         """Logits [len(batch.logits_indices), vocab] in float32."""
         meta = attn.prepare(batch)
-        cos, sin = self.rotary.cos_sin(batch.positions, self.dtype)
+        cos, sin = self.rotary.cos_sin(batch.positions, self.dtype, max(batch.kv_lens) - 1)
         x = F.embedding(batch.input_ids, self.embed)
         residual = None
         for i, layer in enumerate(self.layers):
-            x, residual = layer(x, residual, cos, sin, kv.layer(i), attn, meta)
+            x, residual = layer(x, residual, cos, sin, kv.layer(i), attn, meta, self.ops)
         h = (x + residual)[batch.logits_indices]
-        h = rms_norm(h, self.norm, self.cfg.rms_norm_eps)
+        h = self.ops.rms_norm(h, self.norm, self.cfg.rms_norm_eps)
         head = self.embed if self.lm_head is None else self.lm_head
         return F.linear(h, head).float()

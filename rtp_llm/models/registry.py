@@ -25,11 +25,13 @@ def load_model(
     device: str | torch.device = "cpu",
     allow_pickle: bool = False,
     progress: bool = False,
+    ops=None,
 ) -> tuple[DecoderLM, ModelConfig]:
+    """ops: the device's fused-op set (Device.ops()); None = plain torch."""
     cfg = load_config(path, model_type)
     # "auto": the checkpoint's dtype; GGUF weights are dequantized to float32.
     torch_dtype = parse_dtype(dtype, default=torch.float32 if find_gguf(path) else cfg.dtype)
-    model = MODEL_CLASSES[cfg.model_type](cfg, dtype=torch_dtype, device=device)
+    model = MODEL_CLASSES[cfg.model_type](cfg, dtype=torch_dtype, device=device, ops=ops)
     model.load_weights(iter_checkpoint(path, cfg, allow_pickle=allow_pickle), progress=progress)
     log.info("loaded %s (%s, %d layers, %s) from %s", cfg.architecture, cfg.model_type, cfg.num_layers,
              torch_dtype, path)

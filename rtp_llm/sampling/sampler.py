@@ -20,7 +20,6 @@ import torch
 
 from rtp_llm.sampling.params import SamplingParams
 from rtp_llm.sampling.random import uniform
-from rtp_llm.sampling.top_k_top_p import apply_top_k_top_p
 
 
 def _pad(rows: Sequence[Sequence[int]], fill: int, device) -> torch.Tensor:
@@ -54,7 +53,7 @@ class SamplingBatch:
               prompt_tokens: Sequence[Sequence[int]], output_tokens: Sequence[Sequence[int]],
               vocab_size: int, device="cpu") -> "SamplingBatch":
         def col(values, dtype):
-            return torch.tensor(values, dtype=dtype, device=device)
+            return torch.tensor(values, dtype=dtype).to(device)
 
         greedy = [p.temperature == 0 for p in params]
         use_k = any(0 < p.top_k < vocab_size for p in params)
@@ -98,6 +97,11 @@ def _counts(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 class Sampler:
+    def __init__(self, ops=None):
+        from rtp_llm.layers.ops import TorchOps
+
+        self.ops = ops or TorchOps()
+
     def apply_penalties(self, logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
         vocab = logits.shape[-1]
         if b.repetition is not None:
@@ -118,7 +122,7 @@ class Sampler:
             token_ids = greedy_ids
         else:
             logits = logits / b.temperature[:, None]
-            logits = apply_top_k_top_p(logits, b.top_k, b.top_p)
+            logits = self.ops.top_k_top_p(logits, b.top_k, b.top_p)
             probs = torch.softmax(logits, dim=-1)
             if b.min_p is not None:
                 keep = probs >= b.min_p[:, None] * probs.max(dim=-1, keepdim=True).values

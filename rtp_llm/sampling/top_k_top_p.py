@@ -21,7 +21,7 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
         return logits
     vocab = logits.shape[-1]
     sorted_logits, order = torch.sort(logits, dim=-1, descending=False, stable=True)
-    neg_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+    neg_inf = torch.full((), float("-inf"), dtype=logits.dtype, device=logits.device)
     if k is not None:
         kk = k.to(torch.int64).clamp(1, vocab)
         threshold = sorted_logits.gather(-1, (vocab - kk).unsqueeze(-1))

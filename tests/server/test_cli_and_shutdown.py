@@ -33,7 +33,7 @@ def test_command_line_wins_over_environment_which_wins_over_default():
     env = {"MAX_SEQ_LEN": "777", "SEQ_SIZE_PER_BLOCK": "32", "REUSE_CACHE": "0"}
     args = resolve(["--max_model_len", "555"], env)
     assert args["max_model_len"] == 555 and args["block_size"] == 32 and args["enable_prefix_caching"] is False
-    assert resolve([], {})["block_size"] == 16 and resolve(["--model", "/x"], {})["checkpoint_path"] == "/x"
+    assert resolve([], {})["block_size"] is None and resolve(["--model", "/x"], {})["checkpoint_path"] == "/x"
 
 
 @pytest.mark.parametrize("argv,env,needle", [

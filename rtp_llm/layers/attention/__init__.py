@@ -7,10 +7,14 @@ BACKENDS = {"torch_ref": TorchRefAttention}
 
 
 def get_backend(name: str) -> type[AttentionBackend]:
+    if name == "ascend":  # imported on demand: it needs torch_npu
+        from rtp_llm.layers.attention.ascend import AscendAttention
+
+        return AscendAttention
     try:
         return BACKENDS[name]
     except KeyError:
-        raise ValueError(f"unknown attention backend {name!r}; available: {', '.join(BACKENDS)}") from None
+        raise ValueError(f"unknown attention backend {name!r}; available: torch_ref, ascend") from None
 
 
 __all__ = ["AttentionBackend", "BACKENDS", "TorchRefAttention", "get_backend"]

@@ -31,8 +31,8 @@ class TorchRefAttention(AttentionBackend):
 
     def prepare(self, batch: ForwardBatch) -> RefMeta:
         dev = batch.input_ids.device
-        q_lens = torch.tensor(batch.q_lens, dtype=torch.int64, device=dev)
-        kv_lens = torch.tensor(batch.kv_lens, dtype=torch.int64, device=dev)
+        q_lens = torch.tensor(batch.q_lens, dtype=torch.int64).to(dev)
+        kv_lens = torch.tensor(batch.kv_lens, dtype=torch.int64).to(dev)
         max_q, max_kv = max(batch.q_lens), max(batch.kv_lens)
         starts = torch.cumsum(q_lens, 0) - q_lens
         i = torch.arange(max_q, device=dev)

@@ -1,0 +1,19 @@
+"""CPU: the embedded default."""
+
+import torch
+
+from rtp_llm.device.base import Device
+
+
+class CpuDevice(Device):
+    name = "cpu"
+    collective_backend = "gloo"
+    default_attention = "torch_ref"
+
+    @classmethod
+    def available(cls):
+        return True, ""
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device("cpu")

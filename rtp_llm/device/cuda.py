@@ -1,0 +1,33 @@
+"""CUDA GPUs through torch's own CUDA build."""
+
+import torch
+
+from rtp_llm.device.base import Device
+
+
+class CudaDevice(Device):
+    name = "cuda"
+    collective_backend = "nccl"
+    default_attention = "torch_ref"
+
+    @classmethod
+    def available(cls):
+        if not torch.cuda.is_available():
+            return False, "torch sees no CUDA device (torch.cuda.is_available() is False)"
+        return True, ""
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device("cuda", self.index)
+
+    def bind_thread(self) -> None:
+        torch.cuda.set_device(self.index)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.index)
+
+    def memory_info(self):
+        return torch.cuda.mem_get_info(self.index)
+
+    def stream(self):
+        return torch.cuda.current_stream(self.index)

@@ -1,0 +1,34 @@
+"""The fused-op set the model graph and the sampler call. TorchOps is plain torch (CPU, CUDA and the
+reference); a device may supply its own (rtp_llm/device/npu_ops.py) with the same math."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from rtp_llm.layers.norm import rms_norm
+from rtp_llm.layers.rotary import apply_rotary
+from rtp_llm.sampling.top_k_top_p import apply_top_k_top_p
+
+
+class TorchOps:
+    name = "torch"
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return rms_norm(x, weight, eps)
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+        """(rms_norm(x + residual), x + residual)."""
+        s = x + residual
+        return rms_norm(s, weight, eps), s
+
+    def rotary(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """q [T, H, D], k [T, KVH, D]; cos/sin [T, D] (rotate-half)."""
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def top_k_top_p(self, logits: torch.Tensor, k, p) -> torch.Tensor:
+        return apply_top_k_top_p(logits, k, p)

@@ -1,0 +1,25 @@
+"""Emulated torch_npu: the documented math of each operator on CPU tensors, plus its documented
+constraints. See tests/npu_emulator/README.md."""
+
+EMULATED = True
+__version__ = "emulated"
+
+from torch_npu import _device  # noqa: E402  (sets up the npu device and torch.npu)
+from torch_npu._device import monitor  # noqa: E402,F401
+from torch_npu._ops import (  # noqa: E402,F401
+    _npu_reshape_and_cache,
+    npu_add_rms_norm,
+    npu_fused_infer_attention_score,
+    npu_rms_norm,
+    npu_rotary_mul,
+    npu_scatter_pa_kv_cache,
+    npu_swiglu,
+    npu_top_k_top_p,
+)
+
+npu = _device.npu_module
+
+
+def npu_fusion_attention(*args, **kwargs):
+    """Present so that libraries probing torch_npu (transformers) import; not emulated."""
+    raise NotImplementedError("npu_fusion_attention is not emulated (the engine uses npu_fused_infer_attention_score)")

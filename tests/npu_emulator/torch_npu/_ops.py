@@ -1,0 +1,279 @@
+"""Emulated torch_npu operators: the documented math, computed on the CPU data of npu tensors, and
+the documented constraints, raised as the real operators would (messages name the argument)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from torch_npu._device import NPUTensor, inner, wrap
+
+_MASK_DTYPES = (torch.bool, torch.int8, torch.uint8)
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class NPUOpError(RuntimeError):
+    """What CANN reports: the operator, the parameter and the rule it broke."""
+
+    def __init__(self, op: str, message: str):
+        super().__init__(f"{op}: {message}")
+
+
+def _on_npu(op: str, name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise NPUOpError(op, f"{name} must be a tensor on the npu device, got {type(t).__name__}")
+    if not isinstance(t, NPUTensor):
+        raise NPUOpError(op, f"{name} must be on the npu device, but it is on {t.device} (host-side tensor)")
+    return inner(t)
+
+
+def _contiguous(op: str, name: str, t: torch.Tensor) -> None:
+    if not t.is_contiguous():
+        raise NPUOpError(op, f"{name} must be contiguous (shape {tuple(t.shape)}, stride {t.stride()})")
+
+
+def _int_list(op: str, name: str, values) -> list[int]:
+    if isinstance(values, torch.Tensor):
+        raise NPUOpError(op, f"{name} must be a host list of ints in TND layout, got a tensor")
+    return [int(v) for v in values]
+
+
+# --- attention ---------------------------------------------------------------------------------------
+def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_lengths=None,
+                                    actual_seq_lengths_kv=None, block_table=None, num_heads=1, scale=1.0,
+                                    pre_tokens=2147483647, next_tokens=2147483647, input_layout="BSH",
+                                    num_key_value_heads=0, sparse_mode=0, inner_precise=0, block_size=0,
+                                    softmax_lse_flag=False, **unused):
+    op = "npu_fused_infer_attention_score"
+    if input_layout != "TND":
+        raise NPUOpError(op, f"the emulator implements input_layout 'TND' only, got {input_layout!r}")
+    q = _on_npu(op, "query", query)
+    k = _on_npu(op, "key", key)
+    v = _on_npu(op, "value", value)
+    if q.dim() != 3:
+        raise NPUOpError(op, f"query must be 3-D [T, N, D] for TND, got {tuple(q.shape)}")
+    _contiguous(op, "query", q)
+    T, N, D = q.shape
+    if not (q.dtype == k.dtype == v.dtype):
+        raise NPUOpError(op, f"query/key/value dtypes must be equal, got {q.dtype}, {k.dtype}, {v.dtype}")
+    kv_n = num_key_value_heads or num_heads
+    if num_heads != N:
+        raise NPUOpError(op, f"num_heads={num_heads} but query has {N} heads")
+    if N > 256 or num_heads % kv_n or num_heads // kv_n > 64:
+        raise NPUOpError(op, f"unsupported head counts: num_heads={num_heads}, num_key_value_heads={kv_n} "
+                             "(N <= 256, N % KV_N == 0, N / KV_N <= 64)")
+    if D > 512 or (D * q.element_size()) % 16:
+        raise NPUOpError(op, f"head dim {D} must be <= 512 and 16-byte aligned")
+    if D not in (64, 128):
+        raise NPUOpError(op, f"TND layout supports head dim 128 (and 64), got {D}")
+    if actual_seq_lengths is None:
+        raise NPUOpError(op, "actual_seq_lengths is required for TND")
+    q_cum = _int_list(op, "actual_seq_lengths", actual_seq_lengths)
+    batch = len(q_cum)
+    if batch == 0 or batch > 4096:
+        raise NPUOpError(op, f"batch {batch} out of range [1, 4096]")
+    if q_cum[-1] != T:
+        raise NPUOpError(op, f"actual_seq_lengths must be cumulative and end at T={T}, got last {q_cum[-1]}")
+    q_lens = [q_cum[0]] + [b - a for a, b in zip(q_cum, q_cum[1:])]
+    if any(x <= 0 for x in q_lens):
+        raise NPUOpError(op, f"actual_seq_lengths {q_cum} has an empty sequence (a leading 0, or not increasing)")
+    if sparse_mode not in (0, 2, 3):
+        raise NPUOpError(op, f"the emulator implements sparse_mode 0, 2, 3, got {sparse_mode}")
+    if sparse_mode != 0:
+        if atten_mask is None:
+            raise NPUOpError(op, f"atten_mask must not be null when sparse_mode={sparse_mode}")
+        m = _on_npu(op, "atten_mask", atten_mask)
+        if tuple(m.shape) != (2048, 2048) or m.dtype not in _MASK_DTYPES:
+            raise NPUOpError(op, f"sparse_mode {sparse_mode} takes the compressed 2048x2048 bool/int8/uint8 mask, "
+                                 f"got {tuple(m.shape)} {m.dtype}")
+        if not torch.equal(m.to(torch.bool), torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)):
+            raise NPUOpError(op, "atten_mask must be the upper-triangular template (1 = masked)")
+    if block_table is None:
+        raise NPUOpError(op, "the emulator implements the paged-KV path (block_table) only")
+    bt = _on_npu(op, "block_table", block_table)
+    if bt.dtype != torch.int32:
+        raise NPUOpError(op, f"block_table must be int32, got {bt.dtype}")
+    if bt.dim() != 2:
+        raise NPUOpError(op, f"block_table must be 2-D [batch, max_blocks], got {bt.dim()}-D {tuple(bt.shape)}")
+    if bt.shape[0] < batch:
+        raise NPUOpError(op, f"block_table has {bt.shape[0]} rows for a batch of {batch}")
+    if k.dim() != 3 or v.dim() != 3:
+        raise NPUOpError(op, f"paged key/value must be BnBsH (num_blocks, block_size, KV_N*D), got {tuple(k.shape)}")
+    _contiguous(op, "key", k)
+    _contiguous(op, "value", v)
+    nb, bs, h = k.shape
+    if h != kv_n * D or tuple(v.shape) != (nb, bs, h):
+        raise NPUOpError(op, f"key/value hidden {h} != num_key_value_heads*D = {kv_n * D}")
+    if h > 65535:
+        raise NPUOpError(op, "KV_N*D > 65535")
+    if block_size != bs:
+        raise NPUOpError(op, f"block_size={block_size} but the cache blocks hold {bs} tokens")
+    if max(q_lens) > 1:
+        if bs % 128 or not 128 <= bs <= 512:
+            raise NPUOpError(op, f"block_size {bs}: with prefill (Q_S > 1) it must be a multiple of 128 in [128, 512]")
+    elif bs > 512 or bs % 16:
+        raise NPUOpError(op, f"block_size {bs}: must be a multiple of 16 and <= 512")
+    if actual_seq_lengths_kv is None:
+        raise NPUOpError(op, "actual_seq_lengths_kv is required with paged KV (block_table)")
+    kv_lens = _int_list(op, "actual_seq_lengths_kv", actual_seq_lengths_kv)
+    if len(kv_lens) != batch:
+        raise NPUOpError(op, f"actual_seq_lengths_kv has {len(kv_lens)} entries, the batch has {batch}")
+    for b, (ql, kl) in enumerate(zip(q_lens, kv_lens)):
+        if kl > bt.shape[1] * bs:
+            raise NPUOpError(op, f"actual_seq_lengths_kv[{b}]={kl} exceeds the {bt.shape[1]} blocks of its "
+                                 "block_table row (cumulative KV lengths?)")
+        if kl < ql:
+            raise NPUOpError(op, f"actual_seq_lengths_kv[{b}]={kl} is shorter than its {ql} query tokens")
+
+    k_flat = k.view(nb * bs, kv_n, D).float()
+    v_flat = v.view(nb * bs, kv_n, D).float()
+    out = torch.empty_like(q)
+    ratio = num_heads // kv_n
+    start = 0
+    for b in range(batch):
+        ql, kl = q_lens[b], kv_lens[b]
+        blocks = bt[b, : (kl + bs - 1) // bs].to(torch.int64)
+        if (blocks < 0).any() or (blocks >= nb).any():
+            raise NPUOpError(op, f"block_table row {b} references a block outside [0, {nb})")
+        slots = (blocks[:, None] * bs + torch.arange(bs)[None, :]).reshape(-1)[:kl]
+        kb = k_flat[slots].repeat_interleave(ratio, dim=1)   # [kl, N, D]: q head h uses kv head h // ratio
+        vb = v_flat[slots].repeat_interleave(ratio, dim=1)
+        qb = q[start: start + ql].float()                    # [ql, N, D]
+        scores = torch.einsum("qnd,knd->nqk", qb, kb) * scale
+        if ql > 1 and sparse_mode in (2, 3):
+            i = torch.arange(ql)[:, None]
+            j = torch.arange(kl)[None, :]
+            allowed = j <= (i + (kl - ql) if sparse_mode == 3 else i)
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[start: start + ql] = torch.einsum("nqk,knd->qnd", probs, vb).to(q.dtype)
+        start += ql
+    lse = torch.zeros(1, dtype=torch.float32)
+    return wrap(out), wrap(lse)
+
+
+# --- cache writes ----------------------------------------------------------------------------------------
+def _cache_write(op, key, value, key_cache, value_cache, slots):
+    k, v = _on_npu(op, "key", key), _on_npu(op, "value", value)
+    kc, vc = _on_npu(op, "key_cache", key_cache), _on_npu(op, "value_cache", value_cache)
+    s = _on_npu(op, "slot_mapping", slots)
+    for name, t in (("key", k), ("value", v), ("key_cache", kc), ("value_cache", vc)):
+        _contiguous(op, name, t)
+    if k.dim() != 3 or v.shape != k.shape:
+        raise NPUOpError(op, f"key/value must be [T, KV_N, D] and equal, got {tuple(k.shape)} / {tuple(v.shape)}")
+    if kc.dim() != 4 or vc.shape != kc.shape or tuple(kc.shape[2:]) != tuple(k.shape[1:]):
+        raise NPUOpError(op, f"caches must be ND [num_blocks, block_size, KV_N, D] matching key, got {tuple(kc.shape)}")
+    if not (k.dtype == v.dtype == kc.dtype == vc.dtype):
+        raise NPUOpError(op, "key, value and cache dtypes must be equal")
+    if s.dtype not in (torch.int32, torch.int64) or s.dim() != 1 or s.shape[0] != k.shape[0]:
+        raise NPUOpError(op, f"slot_mapping must be int32/int64 [T={k.shape[0]}], got {s.dtype} {tuple(s.shape)}")
+    total = kc.shape[0] * kc.shape[1]
+    if s.numel() and (int(s.min()) < 0 or int(s.max()) >= total):
+        raise NPUOpError(op, f"slot_mapping values must be in [0, {total - 1}]")
+    if s.unique().numel() != s.numel():
+        raise NPUOpError(op, "slot_mapping values must be unique")
+    kc.view(total, *kc.shape[2:])[s.long()] = k
+    vc.view(total, *vc.shape[2:])[s.long()] = v
+
+
+def npu_scatter_pa_kv_cache(key, value, key_cache, value_cache, slot_mapping, *, compress_lens=None,
+                            compress_seq_offset=None, seq_lens=None, cache_mode="PA_NZ"):
+    op = "npu_scatter_pa_kv_cache"
+    if cache_mode != "Norm":
+        raise NPUOpError(op, f"cache_mode {cache_mode!r} expects FRACTAL_NZ caches; ND caches "
+                             "[num_blocks, block_size, KV_N, D] need cache_mode='Norm'")
+    _cache_write(op, key, value, key_cache, value_cache, slot_mapping)
+
+
+def _npu_reshape_and_cache(key, value, key_cache, value_cache, slot_indices):
+    _cache_write("_npu_reshape_and_cache", key, value, key_cache, value_cache, slot_indices)
+
+
+# --- norms, rotary, activation ---------------------------------------------------------------------------
+def npu_rms_norm(x, gamma, epsilon=1e-6):
+    op = "npu_rms_norm"
+    xi, g = _on_npu(op, "x", x), _on_npu(op, "gamma", gamma)
+    if g.shape[-1] != xi.shape[-1] or g.dim() != 1:
+        raise NPUOpError(op, f"gamma {tuple(g.shape)} must be 1-D over the last dim of x {tuple(xi.shape)}")
+    xf = xi.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + epsilon)
+    y = (g.float() * (xf * rstd)).to(xi.dtype) if xi.dtype != torch.float32 else g * (xf * rstd)
+    return wrap(y), wrap(rstd)
+
+
+def npu_add_rms_norm(x1, x2, gamma, epsilon=1e-6):
+    op = "npu_add_rms_norm"
+    a, b = _on_npu(op, "x1", x1), _on_npu(op, "x2", x2)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise NPUOpError(op, "x1 and x2 must have the same shape and dtype")
+    s = wrap(a + b)
+    y, rstd = npu_rms_norm(s, gamma, epsilon)
+    return y, rstd, s
+
+
+def npu_rotary_mul(x, r1, r2, rotary_mode="half"):
+    op = "npu_rotary_mul"
+    xi, c, s = _on_npu(op, "x", x), _on_npu(op, "r1", r1), _on_npu(op, "r2", r2)
+    if rotary_mode != "half":
+        raise NPUOpError(op, f"the emulator implements rotary_mode 'half', got {rotary_mode!r}")
+    if xi.dim() != 4 or c.dim() != 4 or s.dim() != 4:
+        raise NPUOpError(op, "x, r1 and r2 must be 4-D")
+    if c.shape[-1] != xi.shape[-1] or xi.shape[-1] % 2:
+        raise NPUOpError(op, f"last dims must match and be even: x {tuple(xi.shape)}, r1 {tuple(c.shape)}")
+    try:
+        torch.broadcast_shapes(xi.shape, c.shape, s.shape)
+    except RuntimeError:
+        raise NPUOpError(op, f"r1/r2 {tuple(c.shape)} do not broadcast to x {tuple(xi.shape)}") from None
+    half = xi.shape[-1] // 2
+    rot = torch.cat((-xi[..., half:], xi[..., :half]), dim=-1)
+    return wrap(xi * c + rot * s)
+
+
+def npu_swiglu(x, dim=-1):
+    op = "npu_swiglu"
+    xi = _on_npu(op, "x", x)
+    if xi.shape[dim] % 2:
+        raise NPUOpError(op, f"dim {dim} has odd size {xi.shape[dim]}")
+    a, b = xi.chunk(2, dim=dim)
+    return wrap(F.silu(a) * b)
+
+
+# --- sampling --------------------------------------------------------------------------------------------
+def npu_top_k_top_p(logits, p=None, k=None):
+    """CANN aclnnApplyTopKTopP: sort ascending (stable); top-k keeps values >= sorted[V-k] (ties
+    survive); top-p on the survivors masks cumsum(softmax) <= 1 - p, always keeping the largest."""
+    op = "npu_top_k_top_p"
+    x = _on_npu(op, "logits", logits)
+    if x.dim() != 2 or x.dtype not in _FLOAT_DTYPES:
+        raise NPUOpError(op, f"logits must be 2-D float32/float16/bfloat16, got {x.dim()}-D {x.dtype}")
+    batch, vocab = x.shape
+    kk = pp = None
+    if k is not None:
+        kk = _on_npu(op, "k", k)
+        if kk.dtype != torch.int32 or kk.dim() != 1 or kk.shape[0] != batch:
+            raise NPUOpError(op, f"k must be int32 [batch={batch}], got {kk.dtype} {tuple(kk.shape)}")
+        if int(kk.min()) < 1:
+            raise NPUOpError(op, "k must be >= 1 (k = 0 / -1 are unsupported; pass k = vocab for no top-k)")
+    if p is not None:
+        pp = _on_npu(op, "p", p)
+        if pp.dtype != x.dtype or pp.dim() != 1 or pp.shape[0] != batch:
+            raise NPUOpError(op, f"p must be {x.dtype} [batch={batch}], got {pp.dtype} {tuple(pp.shape)}")
+    if vocab == 1:
+        return wrap(x.clone())
+    vals, idx = torch.sort(x, dim=-1, stable=True)
+    keep = torch.ones_like(vals, dtype=torch.bool)
+    if kk is not None:
+        thr = vals.gather(1, (vocab - kk.clamp(max=vocab).long())[:, None])
+        keep &= vals >= thr
+    if pp is not None:
+        masked = vals.float().masked_fill(~keep, float("-inf"))
+        cum = torch.softmax(masked, dim=-1).cumsum(-1)
+        drop = cum <= (1 - pp.float())[:, None]
+        drop[:, -1] = False
+        keep &= ~drop
+    out = torch.full_like(x, float("-inf"))
+    out.scatter_(1, idx, torch.where(keep, vals, torch.full_like(vals, float("-inf"))))
+    return wrap(out)
