@@ -22,13 +22,23 @@ VARIANTS = {
                                                                    factor=2.0))),
 }
 
+# Head dim 64: the fused attention kernel's TND layout takes head dim 64 or 128 (NPU tests).
+NPU_VARIANTS = {
+    "qwen3_hd64": ("qwen3", dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                                 tie_word_embeddings=False)),
+    "qwen2_hd64": ("qwen2", dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
+                                 tie_word_embeddings=False)),
+    "llama_hd64": ("llama", dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=1,
+                                 tie_word_embeddings=True)),
+}
+
 
 def make_checkpoint(path, variant: str, seed: int = 0):
     """Writes config.json + model.safetensors into path; returns the transformers model (float32, eval)."""
     from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
                               Qwen3ForCausalLM)
 
-    arch, overrides = VARIANTS[variant]
+    arch, overrides = {**VARIANTS, **NPU_VARIANTS}[variant]
     config_cls, model_cls = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
                              "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
     base = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,

@@ -206,6 +206,8 @@ npu_module.max_memory_allocated = lambda device=None: 0
 npu_module.empty_cache = lambda: None
 npu_module.is_initialized = lambda: True
 npu_module._is_in_bad_fork = lambda: False
+npu_module.manual_seed = lambda seed: None
+npu_module.manual_seed_all = lambda seed: None
 torch._register_device_module("npu", npu_module)
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)
 
