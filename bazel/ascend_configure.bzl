@@ -22,6 +22,12 @@ ASCEND_ENABLED = {enabled}
 ASCEND_TOOLKIT_PATH = "{path}"
 """
 
+_TORCH_NPU_PROBE = """
+import importlib.util, os
+spec = importlib.util.find_spec("torch_npu")
+print(os.path.dirname(spec.origin) if spec and spec.origin else "")
+"""
+
 def _stub(ctx):
     ctx.file("BUILD", """
 package(default_visibility = ["//visibility:public"])
@@ -29,7 +35,9 @@ package(default_visibility = ["//visibility:public"])
 # CANN is not configured (TF_NEED_ASCEND != 1): these targets are skipped by //... .
 cc_library(name = "ascend_headers", target_compatible_with = ["@//bazel:sdk_missing"])
 cc_library(name = "ascend", target_compatible_with = ["@//bazel:sdk_missing"])
+cc_library(name = "opapi", target_compatible_with = ["@//bazel:sdk_missing"])
 cc_library(name = "hccl", target_compatible_with = ["@//bazel:sdk_missing"])
+cc_library(name = "torch_npu", target_compatible_with = ["@//bazel:sdk_missing"])
 """)
     ctx.file("build_defs.bzl", _BUILD_DEFS.format(enabled = "False", path = ""))
 
@@ -69,11 +77,40 @@ cc_library(
     linkopts = ["-L{lib}", "-lhccl"],
     deps = [":ascend"],
 )
-""".format(lib = toolkit + "/lib64"))
+
+# libopapi (aclnn operators). Not linked: op_api_common.h dlopens it (or the custom-op package's
+# libcust_opapi.so) at run time; only its headers are needed to compile.
+cc_library(
+    name = "opapi",
+    deps = [":ascend_headers"],
+)
+""".format(lib = toolkit + "/lib64") + _torch_npu_build(ctx))
     ctx.file("build_defs.bzl", _BUILD_DEFS.format(enabled = "True", path = toolkit))
+
+def _torch_npu_build(ctx):
+    """torch_npu's C++ headers and libtorch_npu.so from the pip package, found without importing it
+    (importing needs the CANN runtime). Absent: the target is skipped, with the reason in its name."""
+    python = ctx.os.environ.get("PYTHON_BIN_PATH") or ctx.which("python3")
+    res = ctx.execute([python, "-c", _TORCH_NPU_PROBE]) if python else None
+    pkg = res.stdout.strip() if res and res.return_code == 0 else ""
+    if not pkg or not ctx.path(pkg + "/include").exists:
+        return """
+# torch_npu (pip) not found: targets that need its C++ API are skipped.
+cc_library(name = "torch_npu", target_compatible_with = ["@//bazel:sdk_missing"])
+"""
+    ctx.symlink(pkg + "/include", "torch_npu_include")
+    return """
+cc_library(
+    name = "torch_npu",
+    hdrs = glob(["torch_npu_include/**/*.h"]),
+    includes = ["torch_npu_include"],
+    linkopts = ["-L{lib}", "-Wl,-rpath,{lib}", "-ltorch_npu"],
+    deps = [":ascend", "@local_config_torch//:torch"],
+)
+""".format(lib = pkg + "/lib")
 
 ascend_configure = repository_rule(
     implementation = _ascend_configure_impl,
-    environ = ["TF_NEED_ASCEND", "ASCEND_TOOLKIT_PATH"],
+    environ = ["TF_NEED_ASCEND", "ASCEND_TOOLKIT_PATH", "PYTHON_BIN_PATH"],
     local = True,
 )
