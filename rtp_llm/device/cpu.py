@@ -8,7 +8,7 @@ from rtp_llm.device.base import Device
 class CpuDevice(Device):
     name = "cpu"
     collective_backend = "gloo"
-    default_attention = "torch_ref"
+    default_attention = "cpu"  # C++ paged decode kernel + SDPA prefill; torch_ref stays the reference
 
     @classmethod
     def available(cls):

@@ -7,6 +7,10 @@ BACKENDS = {"torch_ref": TorchRefAttention}
 
 
 def get_backend(name: str) -> type[AttentionBackend]:
+    if name == "cpu":  # imported on demand: it loads the C++ kernels
+        from rtp_llm.layers.attention.cpu import CpuAttention
+
+        return CpuAttention
     if name == "ascend":  # imported on demand: it needs torch_npu
         from rtp_llm.layers.attention.ascend import AscendAttention
 
@@ -14,7 +18,7 @@ def get_backend(name: str) -> type[AttentionBackend]:
     try:
         return BACKENDS[name]
     except KeyError:
-        raise ValueError(f"unknown attention backend {name!r}; available: torch_ref, ascend") from None
+        raise ValueError(f"unknown attention backend {name!r}; available: torch_ref, cpu, ascend") from None
 
 
 __all__ = ["AttentionBackend", "BACKENDS", "TorchRefAttention", "get_backend"]

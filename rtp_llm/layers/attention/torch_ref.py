@@ -50,12 +50,18 @@ class TorchRefAttention(AttentionBackend):
         return RefMeta(batch.slot_mapping.to(torch.int64), q_index, q_valid, kv_slots, mask)
 
     def forward(self, q, k, v, layer_kv, meta: RefMeta):
+        self.write_kv(k, v, layer_kv, meta.slots)
+        return self.attend(q, layer_kv, meta)
+
+    def write_kv(self, k, v, layer_kv, slots) -> None:
+        kv_heads, d = self.num_kv_heads, self.head_dim
+        layer_kv[0].view(-1, kv_heads, d)[slots] = k.to(layer_kv.dtype)
+        layer_kv[1].view(-1, kv_heads, d)[slots] = v.to(layer_kv.dtype)
+
+    def attend(self, q, layer_kv, meta: RefMeta):
         kv_heads, d = self.num_kv_heads, self.head_dim
         k_cache = layer_kv[0].view(-1, kv_heads, d)
         v_cache = layer_kv[1].view(-1, kv_heads, d)
-        k_cache[meta.slots] = k.to(k_cache.dtype)
-        v_cache[meta.slots] = v.to(v_cache.dtype)
-
         qb = q[meta.q_index].transpose(1, 2)              # [B, H, max_q, D]
         kb = k_cache[meta.kv_slots].transpose(1, 2)       # [B, KVH, max_kv, D]
         vb = v_cache[meta.kv_slots].transpose(1, 2)
