@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(bazel-bootstrap libgtest-dev libabsl-dev g++ binutils)
+APT_PACKAGES=(bazel-bootstrap libgtest-dev libabsl-dev g++ binutils shellcheck)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
