@@ -17,3 +17,8 @@ class CpuDevice(Device):
     @property
     def torch_device(self) -> torch.device:
         return torch.device("cpu")
+
+    def ops(self):
+        from rtp_llm.device.cpu_ops import CpuOps
+
+        return CpuOps()

@@ -50,7 +50,8 @@ void call(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ missing")
-def test_op_api_common_compiles(tmp_path):
+@pytest.mark.parametrize("source", ["use.cc", "rtp_llm/cpp/ascend/apply_top_k_top_p_custom.cc"])
+def test_op_api_common_compiles(tmp_path, source):
     import torch.utils.cpp_extension as ext
 
     for rel, text in STUBS.items():
@@ -59,6 +60,8 @@ def test_op_api_common_compiles(tmp_path):
         p.write_text(textwrap.dedent(text))
     src = tmp_path / "use.cc"
     src.write_text(USE)
+    if source != "use.cc":
+        src = ROOT / source  # the framework call of the AscendC operator
     includes = [f"-I{ROOT}", f"-I{tmp_path / 'stubs'}"] + [f"-isystem{p}" for p in ext.include_paths()]
     res = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-Wall", *includes, str(src)],
                          capture_output=True, text=True, timeout=300)

@@ -219,3 +219,16 @@ def test_device_semantics():
     with torch_npu.monitor() as rec:
         a.cpu()
     assert rec == [("d2h", (3,))]
+
+
+def test_npu_sampler_picks_the_custom_operator_only_when_installed(monkeypatch, tmp_path):
+    from rtp_llm.device.npu_ops import NpuOps
+
+    monkeypatch.delenv("ASCEND_CUSTOM_OPP_PATH", raising=False)
+    assert NpuOps().custom_top_k_top_p is None
+    monkeypatch.setenv("ASCEND_CUSTOM_OPP_PATH", str(tmp_path))  # set, but rtp_llm/_npu_ops.so is not built here
+    ops = NpuOps()
+    assert ops.custom_top_k_top_p is None
+    logits = npu(torch.tensor([[1.0, 3.0, 2.0, 0.0]]))
+    out = ops.top_k_top_p(logits, npu(torch.tensor([2])), None).cpu()  # falls back to npu_top_k_top_p
+    assert out.tolist() == [[-math.inf, 3.0, 2.0, -math.inf]]

@@ -89,6 +89,7 @@ inline aclTensor* to_acl(const at::Tensor& t) {
                            t.storage_offset(), ACL_FORMAT_ND, &storage_elems, 1,
                            const_cast<void*>(t.storage().data()));
 }
+inline aclTensor* to_acl(const c10::optional<at::Tensor>& t) { return t.has_value() ? to_acl(*t) : nullptr; }
 inline aclIntArray* to_acl(at::IntArrayRef a) { return aclCreateIntArray(a.data(), a.size()); }
 inline double to_acl(double v) { return v; }
 inline int64_t to_acl(int64_t v) { return v; }

@@ -1,0 +1,21 @@
+// The tiling data the host hands the kernel (legacy TILING_DATA_DEF form, works on CANN 7 and 8).
+#ifndef APPLY_TOP_K_TOP_P_CUSTOM_TILING_DATA_H
+#define APPLY_TOP_K_TOP_P_CUSTOM_TILING_DATA_H
+
+#include "register/tilingdata_base.h"
+
+namespace optiling {
+BEGIN_TILING_DATA_DEF(ApplyTopKTopPCustomTilingData)
+TILING_DATA_FIELD_DEF(uint32_t, batch);
+TILING_DATA_FIELD_DEF(uint32_t, vocab);
+TILING_DATA_FIELD_DEF(uint32_t, batchPerCore);
+TILING_DATA_FIELD_DEF(uint32_t, tailBatch);
+TILING_DATA_FIELD_DEF(uint32_t, chunkElements);
+TILING_DATA_FIELD_DEF(uint32_t, tailChunkElements);
+TILING_DATA_FIELD_DEF(uint32_t, iterateTimes);
+END_TILING_DATA_DEF;
+
+REGISTER_TILING_DATA_CLASS(ApplyTopKTopPCustom, ApplyTopKTopPCustomTilingData)
+}  // namespace optiling
+
+#endif  // APPLY_TOP_K_TOP_P_CUSTOM_TILING_DATA_H

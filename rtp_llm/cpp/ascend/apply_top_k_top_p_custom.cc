@@ -1,0 +1,28 @@
+// torch.ops.rtp_llm_npu.apply_top_k_top_p_custom: the AscendC operator of aclnn_custom_ops/, called
+// through EXEC_NPU_CMD (libcust_opapi.so found via ASCEND_CUSTOM_OPP_PATH). The aclnn wrapper sorts
+// each row on the device first, so this takes raw logits like npu_top_k_top_p.
+#include <torch/library.h>
+
+#include "rtp_llm/cpp/ascend/op_api_common.h"
+
+namespace rtp_llm {
+namespace ascend {
+
+at::Tensor apply_top_k_top_p_custom(const at::Tensor& logits, const c10::optional<at::Tensor>& p,
+                                    const c10::optional<at::Tensor>& k) {
+    TORCH_CHECK(logits.dim() == 2, "logits must be [batch, vocab]");
+    at::Tensor out = at::empty_like(logits);
+    EXEC_NPU_CMD(aclnnApplyTopKTopPCustom, logits, p, k, out);
+    return out;
+}
+
+}  // namespace ascend
+}  // namespace rtp_llm
+
+TORCH_LIBRARY(rtp_llm_npu, m) {
+    m.def("apply_top_k_top_p_custom(Tensor logits, Tensor? p, Tensor? k) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(rtp_llm_npu, PrivateUse1, m) {
+    m.impl("apply_top_k_top_p_custom", &rtp_llm::ascend::apply_top_k_top_p_custom);
+}
