@@ -29,6 +29,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--json")
+    ap.add_argument("--png", help="also draw throughput and time per output token per engine")
     args = ap.parse_args()
 
     wl = WORKLOADS[args.workload]
@@ -66,9 +67,32 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=2, default=str)
+    if args.png:
+        _chart(summary, wl.name, args.png)
     bad = [n for n, a in agree.items() if a < 0.9]
     if bad:
         raise SystemExit(f"engines {bad} disagree with {ref} on the first {CHECK_TOKENS} greedy tokens")
+
+
+def _chart(summary: dict, workload: str, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(summary["engines"])
+    med = [summary["engines"][n]["tok_s_median"] for n in names]
+    lo = [m - summary["engines"][n]["tok_s_min"] for n, m in zip(names, med)]
+    hi = [summary["engines"][n]["tok_s_max"] - m for n, m in zip(names, med)]
+    tpot = [summary["engines"][n]["tpot_ms_median"] for n in names]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    a.bar(names, med, yerr=[lo, hi], capsize=6, color="#4c72b0")
+    a.set_ylabel("output tokens/s (median, min-max)")
+    b.bar(names, tpot, color="#dd8452")
+    b.set_ylabel("wall ms per output step (median)")
+    fig.suptitle(f"workload {workload}, {summary['dtype']}, {summary['threads']} threads")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
