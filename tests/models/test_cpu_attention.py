@@ -78,3 +78,14 @@ def test_kernel_rejects_bad_arguments():
         ops().paged_decode_attention(q, k, k, torch.zeros(1, 2, dtype=torch.int64), torch.tensor([3]), 1.0)
     with pytest.raises(RuntimeError, match="outside"):
         ops().paged_decode_attention(q, k, k, torch.zeros(1, 2, dtype=torch.int32), torch.tensor([40]), 1.0)
+
+
+def test_skinny_linear_matches_the_blas_gemm():
+    from rtp_llm._native import ops
+
+    g = torch.Generator().manual_seed(5)
+    for m, n, k in ((1, 960, 576), (3, 49152, 64), (4, 7, 13), (8, 5, 1536)):
+        x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+        assert torch.allclose(ops().skinny_linear(x, w), x @ w.t(), atol=1e-4)
+    with pytest.raises(RuntimeError, match="at most 8 rows"):
+        ops().skinny_linear(torch.zeros(9, 4), torch.zeros(3, 4))
