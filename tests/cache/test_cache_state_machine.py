@@ -67,33 +67,28 @@ class CacheMachine(RuleBasedStateMachine):
         for pos in range(cached):  # the reused prefix really holds this prompt's KV
             assert self.kv[self._slot(seq, pos)] == tuple(prompt[: pos + 1])
         n = min(chunk, len(prompt) - cached)
+        if not self._append(seq, n) and n == len(prompt) - cached:
+            assert not fits  # can_allocate said no for exactly this
+
+    def _append(self, seq, n) -> bool:
+        """Slots for the next n known tokens; on shortage nothing may have changed."""
+        first = self.m.num_slots(seq)
         before = self._snapshot()
         slots = np.empty(n, np.int32)
         try:
             copies = self.m.append_slots(seq, slots)
         except OutOfBlocksError:
             assert self._snapshot() == before
-            if n == len(prompt) - cached:
-                assert not fits
-            return
+            return False
         self._apply_copies(copies)
-        self._write(seq, cached, slots)
+        self._write(seq, first, slots)
+        return True
 
     @precondition(lambda self: self.tokens)
     @rule(data=st.data(), n=st.integers(1, 6))
     def prefill_more(self, data, n):
         seq = data.draw(st.sampled_from(sorted(self.tokens)))
-        done = self.m.num_slots(seq)
-        n = min(n, len(self.tokens[seq]) - done)
-        before = self._snapshot()
-        slots = np.empty(n, np.int32)
-        try:
-            copies = self.m.append_slots(seq, slots)
-        except OutOfBlocksError:
-            assert self._snapshot() == before
-            return
-        self._apply_copies(copies)
-        self._write(seq, done, slots)
+        self._append(seq, min(n, len(self.tokens[seq]) - self.m.num_slots(seq)))
 
     @precondition(lambda self: self.tokens)
     @rule(data=st.data())
