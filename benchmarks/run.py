@@ -36,8 +36,8 @@ def main() -> None:
     prompts = wl.prompts()
     names = [n.strip() for n in args.engines.split(",") if n.strip()]
     engines = {n: ENGINES[n](dtype=args.dtype) for n in names}
-    for e in engines.values():  # warm-up, also the equal-work check
-        e.run(prompts[:2], 4)
+    for e in engines.values():  # warm-up at full batch (allocator, thread pools, KV pages), not measured
+        e.run(prompts, 2)
     results = {n: [] for n in names}
     first_tokens = {}
     for r in range(args.rounds):
