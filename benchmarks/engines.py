@@ -30,7 +30,7 @@ class RtpLLM:
         t0 = time.perf_counter()
         for i, p in enumerate(prompts):
             eng.add_request(f"bench-{time.monotonic_ns()}-{i}", p, params)
-        outs, first, last = {}, None, None
+        outs, first = {}, None
         step_times = []
         while eng.has_unfinished():
             ts = time.perf_counter()

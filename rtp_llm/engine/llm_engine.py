@@ -15,7 +15,6 @@ import random
 import time
 from typing import Optional, Sequence as Seq, Union
 
-import numpy as np
 import torch
 
 from rtp_llm.cache import KVBuffer

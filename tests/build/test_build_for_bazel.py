@@ -2,7 +2,6 @@
 discovery order, the error messages when pieces are missing, and where the outputs land. Also
 shellcheck-clean."""
 
-import os
 import shutil
 import subprocess
 import tarfile

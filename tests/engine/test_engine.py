@@ -3,7 +3,6 @@ preemption, aborts, stop conditions, n > 1, seeds. Greedy outputs are checked ag
 
 import random
 
-import numpy as np
 import pytest
 
 from rtp_llm.engine.errors import QueueFullError, RequestRejected

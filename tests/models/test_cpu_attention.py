@@ -1,7 +1,6 @@
 """The CPU backend (C++ paged decode kernel + SDPA prefill) against the torch_ref reference and
 against a plain per-head softmax attention, on mixed batches, block sizes, GQA ratios and dtypes."""
 
-import numpy as np
 import pytest
 import torch
 

@@ -21,7 +21,7 @@ def npu(t):
 
 def plain_attention(q, k_cache, v_cache, block_table, q_lens, kv_lens, scale, kv_heads):
     """Loops over sequences, heads and positions; causal with the queries at the end of the keys."""
-    N, D = q.shape[1], q.shape[2]
+    N = q.shape[1]
     bs = k_cache.shape[1]
     out = torch.zeros_like(q)
     start = 0

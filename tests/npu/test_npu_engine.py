@@ -10,14 +10,12 @@ import torch
 from tests.npu_emulator.install import install
 
 torch_npu = install()
-from torch_npu._ops import NPUOpError  # noqa: E402
 
 from rtp_llm.config.engine_config import EngineConfig  # noqa: E402
 from rtp_llm.device import resolve_device  # noqa: E402
 from rtp_llm.engine.llm_engine import LLMEngine  # noqa: E402
 from rtp_llm.layers.attention.ascend.backend import AscendAttention  # noqa: E402
 from rtp_llm.models.default_model import default_model_path  # noqa: E402
-from rtp_llm.models.registry import load_model  # noqa: E402
 from rtp_llm.sampling import SamplingParams  # noqa: E402
 from rtp_llm.tokenizer import Tokenizer  # noqa: E402
 from tests.engine.helpers import run_all  # noqa: E402

@@ -3,8 +3,6 @@ the documented constraints, raised as the real operators would (messages name th
 
 from __future__ import annotations
 
-import math
-from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
