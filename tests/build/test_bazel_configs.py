@@ -7,7 +7,6 @@ These run Bazel themselves, so they run outside `bazel test` (scripts/test.sh ru
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -42,16 +41,14 @@ def make_fake_cann(root: Path) -> Path:
 
 
 def test_ascend_without_cann_fails_fast_naming_what_is_missing(tmp_path):
-    start = time.monotonic()
     res = bazel("build", "--config=ascend", f"--repo_env=ASCEND_TOOLKIT_PATH={tmp_path}/no-cann", "//...")
-    elapsed = time.monotonic() - start
     assert res.returncode != 0
     err = res.stderr
     assert "include/acl/acl.h" in err and "lib64/libascendcl.so" in err
     assert "ASCEND_TOOLKIT_PATH" in err
     assert "--config=cpu" in err
-    # "Within seconds": generous bound for a loaded 2-core CI machine; the analysis never starts.
-    assert elapsed < 120, f"took {elapsed:.0f}s"
+    # It fails in the repository rule, before any target is analysed or built (no timing asserted here).
+    assert "Analyzed" not in err and "Compiling" not in err
 
 
 def test_ascend_with_a_fake_cann_tree_analyses_compiles_and_links(tmp_path):
