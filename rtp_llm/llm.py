@@ -25,6 +25,16 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
+    def close(self) -> None:
+        """Stops tensor-parallel workers (LLM(..., tp_size=N)); also done on leaving a `with` block."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
                  params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:

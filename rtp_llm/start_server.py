@@ -35,12 +35,21 @@ def main(argv: list[str] | None = None) -> int:
             max_prefill_chunk=args["max_prefill_chunk"], block_size=args["block_size"],
             num_blocks=args["num_blocks"], kv_cache_memory_gb=args["kv_cache_memory_gb"],
             enable_prefix_caching=args["enable_prefix_caching"], max_queue_len=args["max_queue_len"],
-            allow_pickle=args["allow_pickle"])
+            allow_pickle=args["allow_pickle"], tp_size=args["tp_size"],
+            tp_timeout_s=args["tp_timeout"], tp_heartbeat_timeout_s=args["tp_heartbeat_timeout"])
+        from rtp_llm.distributed.launch import LaunchError, launch_env
+
+        if config.tp_size > 1:
+            env = launch_env(config.tp_size)
+            if env.rank != 0:  # torchrun / multi-machine: this process is a worker, rank 0 serves HTTP
+                from rtp_llm.distributed.worker import run_worker
+
+                return run_worker(config, env)
         from rtp_llm.engine.async_engine import AsyncEngine
         from rtp_llm.engine.llm_engine import LLMEngine
 
         engine = LLMEngine(config)
-    except (ConfigError, DeviceError, CheckpointError, ValueError) as exc:
+    except (ConfigError, DeviceError, CheckpointError, LaunchError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -51,13 +60,31 @@ def main(argv: list[str] | None = None) -> int:
 
     name = args["served_model_name"] or (
         SERVED_NAME if config.model is None else os.path.basename(os.path.normpath(config.model)))
-    async_engine = AsyncEngine(engine)
+    from rtp_llm.distributed.group import TPWorkerError
+
+    server = None
+    exit_code = 0
+
+    def fatal(message) -> None:
+        """A tensor-parallel rank died or hung: the group cannot recover, so the server stops (exit 1)."""
+        nonlocal exit_code
+        if exit_code:
+            return
+        exit_code = 1
+        log.error("stopping the server: %s", message)
+        async_engine.fail(TPWorkerError(str(message)))
+        if server is not None:
+            server.should_exit = True
+
+    async_engine = AsyncEngine(engine, on_death=lambda exc: fatal(exc) if isinstance(exc, TPWorkerError) else None)
+    if engine.tp_runtime is not None:
+        engine.tp_runtime.on_failure(fatal)
     app = create_app(async_engine, name, engine.max_model_len, args["api_key"], args["max_body_bytes"])
 
     @app.on_event("shutdown")
     async def _stop_engine():
         async_engine.stop_accepting()
-        async_engine.shutdown()
+        async_engine.shutdown()  # the engine thread closes the engine (and any tensor-parallel workers)
 
     log.info("serving %s as %r on http://%s:%d (device %s)", engine.model_path, name, args["host"], args["port"],
              device)
@@ -72,8 +99,11 @@ def main(argv: list[str] | None = None) -> int:
 
     server = _Server(uvicorn.Config(app, host=args["host"], port=args["port"], log_level=args["log_level"],
                                            timeout_graceful_shutdown=args["shutdown_timeout"], access_log=False))
+    if exit_code:  # a worker died while the server was starting
+        engine.close()
+        return exit_code
     server.run()
-    return 0
+    return exit_code
 
 
 if __name__ == "__main__":

@@ -26,6 +26,9 @@ class EngineConfig:
     max_queue_len: int = 1024               # waiting requests beyond this are refused
     allow_pickle: bool = False
     seed: int = 0
+    tp_size: int = 1                        # tensor-parallel ranks (rtp_llm/distributed/)
+    tp_timeout_s: float = 120.0             # a collective waiting longer than this fails (a hung rank)
+    tp_heartbeat_timeout_s: float = 10.0    # a worker silent this long is reported dead
 
     def __post_init__(self):
         checks = [
@@ -37,6 +40,9 @@ class EngineConfig:
             ("num_blocks", self.num_blocks is None or self.num_blocks >= 2),
             ("max_model_len", self.max_model_len is None or self.max_model_len >= 1),
             ("kv_cache_memory_fraction", 0 < self.kv_cache_memory_fraction <= 1),
+            ("tp_size", self.tp_size >= 1),
+            ("tp_timeout_s", self.tp_timeout_s > 0),
+            ("tp_heartbeat_timeout_s", self.tp_heartbeat_timeout_s > 0),
         ]
         for name, ok in checks:
             if not ok:

@@ -57,6 +57,12 @@ FLAGS = [
     Flag("enable_prefix_caching", "REUSE_CACHE", _bool, True, "reuse cached prompt prefixes (1/0)"),
     Flag("max_queue_len", "MAX_QUEUE_LEN", int, 256, "waiting requests before new ones get 503"),
     Flag("device", "DEVICE", str, "auto", "device to run on", choices=("auto", "cpu", "cuda", "npu")),
+    Flag("tp_size", "TP_SIZE", int, 1,
+         "tensor-parallel ranks; on one machine the extra ranks are spawned, across machines set torchrun's "
+         "MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK/LOCAL_RANK and run this command on every rank"),
+    Flag("tp_timeout", "TP_TIMEOUT", float, 120.0, "seconds a tensor-parallel collective may wait (a hung rank)"),
+    Flag("tp_heartbeat_timeout", "TP_HEARTBEAT_TIMEOUT", float, 10.0,
+         "seconds without a worker heartbeat before the server reports that rank dead and exits"),
     Flag("host", "HOST", str, "127.0.0.1", "address to listen on"),
     Flag("port", "START_PORT", int, 8000, "port to listen on"),
     Flag("api_key", "API_KEY", str, None, "require 'Authorization: Bearer <key>' on every route but /health"),

@@ -26,8 +26,10 @@ log = logging.getLogger(__name__)
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, on_death=None):
+        """on_death(exc): called once, from the engine thread, if the engine loop dies."""
         self.engine = engine
+        self._on_death = on_death
         self._commands: queue.Queue = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._wake = threading.Event()
@@ -51,9 +53,20 @@ class AsyncEngine:
                     self._deliver(out.request_id, out)
         except BaseException as exc:  # the engine itself broke: fail every stream, refuse new work
             log.exception("engine loop died")
+            self.fail(exc)
+            if self._on_death is not None:
+                self._on_death(exc)
+        finally:
+            # Closing belongs to this thread: tensor-parallel collectives must not interleave with a step.
+            self.engine.close()
+
+    def fail(self, exc: BaseException) -> None:
+        """Marks the engine dead (/health turns 503, new requests are refused) and ends every stream with
+        the error. Callable from any thread (a tensor-parallel monitor that saw a worker die)."""
+        if self.dead is None:
             self.dead = exc
-            for rid in list(self._streams):
-                self._deliver(rid, exc)
+        for rid in list(self._streams):
+            self._deliver(rid, exc)
 
     def _drain_commands(self) -> None:
         while True:

@@ -21,7 +21,7 @@ from rtp_llm.cache import KVBuffer
 from rtp_llm.config.engine_config import EngineConfig
 from rtp_llm.engine.detokenizer import IncrementalDetokenizer
 from rtp_llm.engine.errors import QueueFullError, RequestRejected
-from rtp_llm.engine.model_runner import ModelRunner
+from rtp_llm.engine.model_runner import ModelRunner, kv_block_count, resolve_block_size
 from rtp_llm.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from rtp_llm.engine.scheduler import Scheduler, SchedulerOutput
 from rtp_llm.engine.sequence import FinishReason, Request, Sequence, SeqState
@@ -32,43 +32,47 @@ log = logging.getLogger(__name__)
 _GiB = 1 << 30
 
 
-def _kv_blocks(cfg: EngineConfig, model_cfg, kv_dtype: torch.dtype, block_size: int, device) -> int:
-    """Explicit count, else kv_cache_memory_gb, else 1 GiB on CPU or a fraction of free device memory."""
-    per_block = KVBuffer.bytes_per_block(model_cfg.num_layers, block_size, model_cfg.num_kv_heads,
-                                         model_cfg.head_dim, kv_dtype)
-    if cfg.num_blocks is not None:
-        return cfg.num_blocks
-    if cfg.kv_cache_memory_gb is not None:
-        budget = int(cfg.kv_cache_memory_gb * _GiB)
-    elif device.name == "cpu":
-        budget = _GiB
-    else:
-        free, _ = device.memory_info()
-        budget = int(free * cfg.kv_cache_memory_fraction)
-    return budget // per_block + 1  # + the padding block
-
-
 class LLMEngine:
     def __init__(self, config: EngineConfig, model=None, model_config=None, tokenizer=None):
-        from rtp_llm.models.registry import load_model
-        from rtp_llm.tokenizer import Tokenizer
-
         from rtp_llm.device import get_device
 
         self.config = config
         self.device = get_device(config.device)
         self.device.bind_thread()
-        self.block_size = config.block_size or self.device.default_block_size
-        self.device.validate_block_size(self.block_size)
+        self.block_size = resolve_block_size(config, self.device)
         path = config.model
         if path is None:
             from rtp_llm.models.default_model import default_model_path
 
             path = default_model_path()
         self.model_path = path
+        self.tp_runtime = None
+        if config.tp_size > 1:
+            if model is not None:
+                raise ValueError("tp_size > 1 loads its own weight slices on every rank; do not pass a model")
+            from rtp_llm.distributed.launch import TPRuntime, launch_env
+            from rtp_llm.distributed.sharding import TPShard
+            from rtp_llm.models.loader import load_config
+
+            shape = load_config(path, config.model_type)
+            for rank in range(config.tp_size):  # refuse an impossible split before starting any process
+                TPShard.plan(shape, config.tp_size, rank)
+            self.tp_runtime = TPRuntime(config, self.device.name, launch_env(config.tp_size))
+        try:
+            self._init_model(config, path, model, model_config, tokenizer)
+        except BaseException:
+            self.close()
+            raise
+
+    def _init_model(self, config: EngineConfig, path: str, model, model_config, tokenizer) -> None:
+        from rtp_llm.models.registry import load_model
+        from rtp_llm.tokenizer import Tokenizer
+
+        tp = self.tp_runtime.tp if self.tp_runtime else None
         if model is None:
             model, model_config = load_model(path, config.model_type, config.dtype, self.device.torch_device,
-                                             allow_pickle=config.allow_pickle, progress=True, ops=self.device.ops())
+                                             allow_pickle=config.allow_pickle, progress=True, ops=self.device.ops(),
+                                             tp=tp)
         self.model, self.model_config = model, model_config
         self.tokenizer = tokenizer or Tokenizer.load(config.tokenizer or path)
         mc = model_config
@@ -76,7 +80,9 @@ class LLMEngine:
         if self.max_model_len > mc.max_position_embeddings:
             raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings="
                              f"{mc.max_position_embeddings}")
-        num_blocks = _kv_blocks(config, mc, model.dtype, self.block_size, self.device)
+        num_blocks = kv_block_count(config, model.shard.num_kv_heads, mc, model.dtype, self.block_size, self.device)
+        if tp is not None:  # every rank's pool has the same block count: the smallest any rank can hold
+            num_blocks = tp.all_reduce_min(num_blocks)
         capacity = (num_blocks - 1) * self.block_size
         if capacity < self.max_model_len:
             raise ValueError(
@@ -85,7 +91,8 @@ class LLMEngine:
                 f"or lower max_model_len")
         self.runner = ModelRunner(model, mc, num_blocks, self.block_size,
                                   attention=config.attention_backend or self.device.default_attention,
-                                  enable_prefix_cache=config.enable_prefix_caching, device=self.device.torch_device)
+                                  enable_prefix_cache=config.enable_prefix_caching, device=self.device.torch_device,
+                                  tp=tp)
         self.manager = self.runner.manager
         self.scheduler = Scheduler(self.manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.prefill_chunk)
@@ -96,9 +103,15 @@ class LLMEngine:
         self._rng = random.Random(config.seed)
         self._pending: list[RequestOutput] = []
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0, "steps": 0}
-        log.info("KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB); max concurrency at max_model_len=%d: %.1f",
-                 num_blocks - 1, self.block_size, capacity, self.runner.kv.nbytes / _GiB, self.max_model_len,
-                 capacity / self.max_model_len)
+        log.info("KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB%s); max concurrency at max_model_len=%d: "
+                 "%.1f", num_blocks - 1, self.block_size, capacity, self.runner.kv.nbytes / _GiB,
+                 f" on rank 0 of {tp.size}" if tp else "", self.max_model_len, capacity / self.max_model_len)
+
+    def close(self) -> None:
+        """Stops tensor-parallel workers (if any) and leaves the process group. Idempotent."""
+        runtime, self.tp_runtime = getattr(self, "tp_runtime", None), None
+        if runtime is not None:
+            runtime.close()
 
     # --- requests ------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Union[str, Seq[int]], params: Optional[SamplingParams] = None,
@@ -164,10 +177,22 @@ class LLMEngine:
             return outputs
         self.counters["steps"] += 1
         try:
-            logits = self._forward(sched)
+            try:
+                logits = self._forward(sched)
+            except Exception as exc:
+                if self.tp_runtime is not None:  # ranks cannot resynchronise after a half-run step
+                    from rtp_llm.distributed.group import TPWorkerError
+
+                    raise exc if isinstance(exc, TPWorkerError) else TPWorkerError(
+                        f"tensor-parallel step failed on rank 0: {type(exc).__name__}: {exc}") from exc
+                raise
             rows = self._sample_rows(sched)
             sampled = self._sample(logits, rows) if rows else None
         except Exception as exc:  # a failed step fails its requests, not the engine
+            from rtp_llm.distributed.group import TPWorkerError
+
+            if isinstance(exc, TPWorkerError):
+                raise
             log.exception("step failed")
             for req in {x.seq.request for x in sched.scheduled}:
                 if req.request_id in self.requests:
@@ -202,14 +227,14 @@ class LLMEngine:
             self.abort(req.request_id, FinishReason.ABORT, f"timed out after {req.params.timeout_ms} ms")
 
     def _forward(self, sched: SchedulerOutput) -> torch.Tensor:
-        self.runner.kv.copy_blocks(sched.copies)
         items = sched.scheduled
         for x in items:
             if x.start < len(x.seq.prompt):
                 self.counters["prompt_tokens"] += min(len(x.tokens), len(x.seq.prompt) - x.start)
                 x.seq.request.computed_prompt_tokens += min(len(x.tokens), len(x.seq.prompt) - x.start)
         return self.runner.forward([x.seq.seq_id for x in items], [x.tokens for x in items],
-                                   [x.start for x in items], [x.slots for x in items], [x.samples for x in items])
+                                   [x.start for x in items], [x.slots for x in items], [x.samples for x in items],
+                                   sched.copies)
 
     def _sample_rows(self, sched: SchedulerOutput) -> list[tuple[Sequence, int]]:
         """(sequence, logits row) for every token to sample; forks pending siblings off a completed prompt."""

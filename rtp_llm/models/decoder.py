@@ -3,6 +3,11 @@
 They differ only in flags of ModelConfig: q/k/v (and o) biases, Qwen3's per-head q_norm/k_norm,
 explicit head_dim, tied embeddings. Q/K/V and gate/up are fused into one matmul each at load time.
 The graph runs on a flat ForwardBatch; logits are computed only for batch.logits_indices.
+
+Tensor parallelism (rtp_llm/distributed/): built with a TensorParallel group, the model holds only its
+rank's slices (rtp_llm/distributed/sharding.py) and calls three collectives: an all-reduce after the
+vocab-parallel embedding, after o_proj and after down_proj (biases added after the sum), and a gather
+of the vocab-parallel logits to rank 0. Without one, the shard is the whole model and nothing changes.
 """
 
 from __future__ import annotations
@@ -15,11 +20,13 @@ from torch import nn
 
 from rtp_llm.cache.kv_buffer import KVBuffer
 from rtp_llm.config.model_config import ModelConfig
+from rtp_llm.distributed.sharding import TPShard
 from rtp_llm.layers.attention.base import AttentionBackend
 from rtp_llm.layers.ops import TorchOps
 from rtp_llm.layers.rotary import RotaryEmbedding
 from rtp_llm.models.errors import MissingTensorError, ShapeMismatchError
 from rtp_llm.models.forward_batch import ForwardBatch
+from rtp_llm.models.lazy_tensor import LazyTensor, read_tensor
 
 
 def _param(shape, dtype, device):
@@ -27,10 +34,12 @@ def _param(shape, dtype, device):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device, shard: TPShard, tp=None):
         super().__init__()
-        self.cfg = cfg
-        h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+        self.cfg, self.tp = cfg, tp
+        self.num_heads, self.num_kv_heads = shard.num_heads, shard.num_kv_heads
+        self.q_size, self.kv_size = shard.num_heads * cfg.head_dim, shard.num_kv_heads * cfg.head_dim
+        h, q, kv, inter = cfg.hidden_size, self.q_size, self.kv_size, shard.intermediate
         self.input_norm = _param((h,), dtype, device)
         self.qkv_weight = _param((q + 2 * kv, h), dtype, device)
         self.qkv_bias = _param((q + 2 * kv,), dtype, device) if cfg.qkv_bias else None
@@ -52,33 +61,44 @@ class DecoderLayer(nn.Module):
         else:
             h, residual = ops.add_rms_norm(x, residual, self.input_norm, cfg.rms_norm_eps)
         qkv = ops.linear(h, self.qkv_weight, self.qkv_bias)
-        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         t = q.shape[0]
-        q = q.reshape(t, cfg.num_heads, cfg.head_dim)
-        k = k.reshape(t, cfg.num_kv_heads, cfg.head_dim)
-        v = v.reshape(t, cfg.num_kv_heads, cfg.head_dim)
+        q = q.reshape(t, self.num_heads, cfg.head_dim)
+        k = k.reshape(t, self.num_kv_heads, cfg.head_dim)
+        v = v.reshape(t, self.num_kv_heads, cfg.head_dim)
         if self.q_norm is not None:
             q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps)
             k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
         q, k = ops.rotary(q, k, cos, sin)
-        o = attn.forward(q, k, v, layer_kv, meta).reshape(t, cfg.q_size)
-        x = ops.linear(o, self.o_weight, self.o_bias)
+        o = attn.forward(q, k, v, layer_kv, meta).reshape(t, self.q_size)
+        x = self._row_parallel(ops, o, self.o_weight, self.o_bias)
         h, residual = ops.add_rms_norm(x, residual, self.post_norm, cfg.rms_norm_eps)
         gate_up = ops.linear(h, self.gate_up_weight, self.gate_up_bias)
-        x = ops.linear(ops.silu_and_mul(gate_up), self.down_weight, self.down_bias)
+        x = self._row_parallel(ops, ops.silu_and_mul(gate_up), self.down_weight, self.down_bias)
         return x, residual
+
+    def _row_parallel(self, ops, x, weight, bias):
+        """x @ weight.T over this rank's input slice; the partial sums meet in one all-reduce."""
+        if self.tp is None:
+            return ops.linear(x, weight, bias)
+        y = self.tp.all_reduce(ops.linear(x, weight))
+        return y if bias is None else y + bias
 
 
 class DecoderLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32, device="cpu", ops=None):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32, device="cpu", ops=None, tp=None):
         super().__init__()
         self.cfg = cfg
         self.dtype = dtype
         self.ops = ops or TorchOps()
-        self.embed = _param((cfg.vocab_size, cfg.hidden_size), dtype, device)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device) for _ in range(cfg.num_layers))
+        self.tp = tp if tp is not None and tp.size > 1 else None
+        self.shard = tp.shard(cfg) if self.tp is not None else TPShard.plan(cfg)
+        vocab = self.shard.vocab
+        self.embed = _param((vocab, cfg.hidden_size), dtype, device)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device, self.shard, self.tp)
+                                    for _ in range(cfg.num_layers))
         self.norm = _param((cfg.hidden_size,), dtype, device)
-        self.lm_head = None if cfg.tie_word_embeddings else _param((cfg.vocab_size, cfg.hidden_size), dtype, device)
+        self.lm_head = None if cfg.tie_word_embeddings else _param((vocab, cfg.hidden_size), dtype, device)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, min(cfg.max_position_embeddings, 4096), device)
 
     # --- weights -------------------------------------------------------------------------------------
@@ -115,9 +135,11 @@ class DecoderLM(nn.Module):
         return out
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], progress: bool = False) -> None:
-        """Copies checkpoint tensors in (any order), checking names and shapes first."""
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | LazyTensor]], progress: bool = False) -> None:
+        """Copies checkpoint tensors in (any order), checking names and full shapes first. Under tensor
+        parallelism only this rank's slice of each tensor is read (lazily, for safetensors)."""
         expected = self.expected_weights()
+        slices = self.shard.weight_slices(self.cfg)
         got: dict[str, torch.Tensor] = {}
         it = weights
         if progress:
@@ -129,7 +151,7 @@ class DecoderLM(nn.Module):
             if tuple(tensor.shape) != expected[name]:
                 raise ShapeMismatchError(
                     f"tensor {name} has shape {tuple(tensor.shape)}, but the config implies {expected[name]}")
-            got[name] = tensor.to(self.dtype)
+            got[name] = read_tensor(tensor, slices.get(name)).to(self.dtype)
         missing = [n for n in expected if n not in got]
         if missing:
             more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
@@ -163,11 +185,25 @@ class DecoderLM(nn.Module):
         """Logits [len(batch.logits_indices), vocab] in float32."""
         meta = attn.prepare(batch)
         cos, sin = self.rotary.cos_sin(batch.positions, self.dtype, max(batch.kv_lens) - 1)
-        x = F.embedding(batch.input_ids, self.embed)
+        x = self._embed(batch.input_ids)
         residual = None
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, cos, sin, kv.layer(i), attn, meta, self.ops)
         h = (x + residual)[batch.logits_indices]
         h = self.ops.rms_norm(h, self.norm, self.cfg.rms_norm_eps)
         head = self.embed if self.lm_head is None else self.lm_head
-        return self.ops.lm_head(h, head).float()
+        if self.tp is None:
+            return self.ops.lm_head(h, head).float()
+        if h.shape[0] == 0:  # every rank knows: the sampled rows are part of the step message
+            return h.new_empty((0, self.cfg.vocab_size), dtype=torch.float32)
+        return self.tp.gather_vocab(self.ops.lm_head(h, head).float(), self.shard, self.cfg.vocab_size)
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp is None:
+            return F.embedding(ids, self.embed)
+        # Vocab-parallel: each rank looks up the ids in its rows, zeros the rest; the sum is exact.
+        local = ids - self.shard.vocab_start
+        outside = (local < 0) | (local >= self.shard.vocab)
+        x = F.embedding(local.masked_fill(outside, 0), self.embed)
+        x.masked_fill_(outside.unsqueeze(-1), 0)
+        return self.tp.all_reduce(x)

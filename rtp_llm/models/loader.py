@@ -17,6 +17,7 @@ import torch
 
 from rtp_llm.config.model_config import ModelConfig
 from rtp_llm.models.errors import CheckpointError, MissingFileError, UnsafeCheckpointError
+from rtp_llm.models.lazy_tensor import LazyTensor
 
 
 def is_gguf(path: str) -> bool:
@@ -62,8 +63,10 @@ def _safetensors_files(path: str) -> list[str]:
     return sorted(glob.glob(os.path.join(path, "*.safetensors")))
 
 
-def iter_checkpoint(path: str, config: ModelConfig, allow_pickle: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs in the checkpoint's own dtype (GGUF: float32), lazily."""
+def iter_checkpoint(path: str, config: ModelConfig,
+                    allow_pickle: bool = False) -> Iterator[tuple[str, torch.Tensor | LazyTensor]]:
+    """(name, tensor) pairs in the checkpoint's own dtype (GGUF: float32), lazily: safetensors entries
+    come as LazyTensor, read (whole or a tensor-parallel slice) only by the model's load_weights."""
     gguf_path = find_gguf(path)
     if gguf_path:
         from rtp_llm.models.gguf_reader import GGUFFile
@@ -81,7 +84,7 @@ def iter_checkpoint(path: str, config: ModelConfig, allow_pickle: bool = False) 
             except Exception as exc:
                 raise CheckpointError(f"{file} is not a readable safetensors file: {exc}") from exc
             for name in handle.keys():
-                yield name, handle.get_tensor(name)
+                yield name, LazyTensor(handle.get_slice(name))
         return
     pickles = sorted(glob.glob(os.path.join(path, "*.bin")) + glob.glob(os.path.join(path, "*.pt")))
     if pickles:

@@ -228,8 +228,9 @@ def create_app(engine: AsyncEngine, served_model_name: str, max_model_len: int, 
         created = int(time.time())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(_chat_stream(srv, stream, rid, created, req.n, include_usage),
-                                     media_type="text/event-stream")
+            return StreamingResponse(_ends_with_error_event(
+                _chat_stream(srv, stream, rid, created, req.n, include_usage)),
+                media_type="text/event-stream")
         out = (await srv.collect(request, [stream]))[0]
         return fmt.chat_response(srv, out, rid, created)
 
@@ -259,8 +260,9 @@ def create_app(engine: AsyncEngine, served_model_name: str, max_model_len: int, 
         created = int(time.time())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(_completion_stream(srv, streams, rid, created, req, include_usage),
-                                     media_type="text/event-stream")
+            return StreamingResponse(_ends_with_error_event(
+                _completion_stream(srv, streams, rid, created, req, include_usage)),
+                media_type="text/event-stream")
         outs = await srv.collect(request, streams)
         return fmt.completion_response(srv, outs, rid, created, req, prompts)
 
@@ -292,8 +294,9 @@ def create_app(engine: AsyncEngine, served_model_name: str, max_model_len: int, 
         stream = await srv.submit(req.prompt, params, rid)
         t0 = time.monotonic()
         if req.yield_generator:
-            return StreamingResponse(_native_stream(srv, stream, t0, gc.return_incremental),
-                                     media_type="text/event-stream")
+            return StreamingResponse(_ends_with_error_event(
+                _native_stream(srv, stream, t0, gc.return_incremental)),
+                media_type="text/event-stream")
         out = (await srv.collect(request, [stream]))[0]
         return fmt.native_response(out, t0, incremental=False)
 
@@ -324,6 +327,16 @@ def _render_chat(srv: Server, messages, add_generation_prompt: bool) -> str:
         return srv.tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt)
     except ChatTemplateError as exc:
         raise APIError(400, str(exc), param="messages") from None
+
+
+async def _ends_with_error_event(gen):
+    """An engine that dies mid-stream (e.g. a tensor-parallel worker was lost) ends the stream with an
+    OpenAI-style error event, which clients raise as an error, instead of a dropped connection."""
+    try:
+        async for item in gen:
+            yield item
+    except EngineDeadError as exc:
+        yield _sse(error_body(str(exc), "server_error", None, "engine_unavailable"))
 
 
 async def _chat_stream(srv: Server, stream: RequestStream, rid, created, n, include_usage):

@@ -32,13 +32,25 @@ NPU_VARIANTS = {
                                  tie_word_embeddings=True)),
 }
 
+# Tensor-parallel shapes (tests/distributed): fewer KV heads than ranks; SmolLM2's uneven 9 query / 3 KV
+# heads; odd intermediate and vocabulary sizes (uneven MLP split, padded logits gather); biases.
+TP_VARIANTS = {
+    "qwen3_kv1_tied": ("qwen3", dict(num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+                                     tie_word_embeddings=True)),
+    "llama_9h_3kv_odd": ("llama", dict(hidden_size=144, num_attention_heads=9, num_key_value_heads=3,
+                                       intermediate_size=97, vocab_size=255, tie_word_embeddings=False,
+                                       attention_bias=True, mlp_bias=True)),
+    "qwen2_6h_3kv_bias": ("qwen2", dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3,
+                                        tie_word_embeddings=False)),
+}
+
 
 def make_checkpoint(path, variant: str, seed: int = 0):
     """Writes config.json + model.safetensors into path; returns the transformers model (float32, eval)."""
     from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
                               Qwen3ForCausalLM)
 
-    arch, overrides = {**VARIANTS, **NPU_VARIANTS}[variant]
+    arch, overrides = {**VARIANTS, **NPU_VARIANTS, **TP_VARIANTS}[variant]
     config_cls, model_cls = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
                              "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
     base = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,

@@ -1,0 +1,102 @@
+"""Tensor parallelism through the engine (gloo on CPU, real worker processes): TP=2 (and 3) produce the same
+tokens as TP=1 and as transformers, for tiny Qwen3 / Qwen2 / Llama checkpoints covering KV-head
+replication, uneven head / MLP / vocabulary splits and biases, and for SmolLM2 through the LLM API."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rtp_llm.config.engine_config import EngineConfig
+from rtp_llm.engine.llm_engine import LLMEngine
+from rtp_llm.models.default_model import default_model_path
+from rtp_llm.sampling import SamplingParams
+from tests.engine.helpers import greedy, run_all
+from tests.models.tiny_checkpoints import make_checkpoint
+
+CASES = [
+    ("qwen3_gqa2_headdim32_untied", 2),  # 2 KV heads split 1/1, q/k norms
+    ("qwen3_kv1_tied", 2),               # 1 KV head replicated on both ranks, tied vocab-parallel head
+    ("qwen2_6h_3kv_bias", 2),            # uneven heads 4/2 with q/k/v biases
+    ("llama_9h_3kv_odd", 2),             # SmolLM2's 9/3 heads, odd MLP (97) and vocab (255), o/down biases
+    ("llama_9h_3kv_odd", 3),             # three ranks
+]
+
+
+def _workload(vocab: int):
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (5, 17, 40, 9)]
+    shared = torch.randint(3, vocab, (12,), generator=g).tolist()
+    arrivals = [(i, f"g{i}", p, greedy(16, logprobs=2)) for i, p in enumerate(prompts)]
+    # A cached 3-block prefix (block size 4) on the second arrival, and n=2 seeded sampling (forked blocks, CoW).
+    arrivals += [(0, "prefix-a", shared + [5, 6], greedy(8)), (6, "prefix-b", shared + [7, 8, 9], greedy(8)),
+                 (2, "sampled", prompts[1][:6], SamplingParams(max_tokens=12, temperature=0.8, top_k=50, seed=7,
+                                                               n=2, ignore_eos=True, logprobs=1))]
+    return prompts, arrivals
+
+
+def _run(path: str, tp: int, arrivals):
+    engine = LLMEngine(EngineConfig(model=path, tokenizer=default_model_path(), tp_size=tp, block_size=4,
+                                    num_blocks=200, max_num_seqs=8, max_num_batched_tokens=64, max_prefill_chunk=7,
+                                    max_model_len=256))
+    try:
+        procs = dict(engine.tp_runtime.procs) if engine.tp_runtime else {}
+        done = run_all(engine, arrivals)
+        stats = engine.stats()
+    finally:
+        engine.close()
+    # Workers leave on rank 0's stop message, cleanly.
+    assert {r: p.returncode for r, p in procs.items()} == {r: 0 for r in range(1, tp)}
+    return done, stats
+
+
+@pytest.mark.parametrize("variant,tp", CASES)
+def test_tp_matches_tp1_and_transformers(tmp_path, variant, tp):
+    hf = make_checkpoint(tmp_path, variant)
+    hf.generation_config.eos_token_id = None  # the engine runs with ignore_eos
+    prompts, arrivals = _workload(hf.config.vocab_size)
+    ref, ref_stats = _run(str(tmp_path), 1, arrivals)
+    got, stats = _run(str(tmp_path), tp, arrivals)
+    assert stats["prefix_hit_tokens"] == ref_stats["prefix_hit_tokens"] >= 12  # the prefix really was reused
+    for rid in ref:
+        for a, b in zip(ref[rid].outputs, got[rid].outputs):
+            assert a.token_ids == b.token_ids, rid
+            if a.logprobs:
+                lp_a = torch.tensor([x.logprob for x in a.logprobs])
+                lp_b = torch.tensor([x.logprob for x in b.logprobs])
+                torch.testing.assert_close(lp_b, lp_a, atol=1e-4, rtol=0)
+    for i, p in enumerate(prompts):  # and the greedy ones are what transformers generates
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                              max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0)
+        assert got[f"g{i}"].outputs[0].token_ids == out[0, len(p):].tolist()
+
+
+def test_smollm2_tp2_equals_tp1_through_the_llm_api():
+    from rtp_llm import LLM
+
+    prompts = ["The capital of France is", "def fibonacci(n):", "Write a haiku about the sea.",
+               "List three prime numbers:"]
+    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, logprobs=1)
+    outs = {}
+    for tp in (1, 2):
+        with LLM(tp_size=tp, kv_cache_memory_gb=0.25, max_model_len=1024) as llm:
+            outs[tp] = llm.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(outs[1], outs[2]):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert a.outputs[0].text == b.outputs[0].text
+        torch.testing.assert_close(torch.tensor([x.logprob for x in b.outputs[0].logprobs]),
+                                   torch.tensor([x.logprob for x in a.outputs[0].logprobs]), atol=1e-4, rtol=0)
+    assert "Paris" in outs[2][0].outputs[0].text
+
+
+def test_bad_tp_settings_are_refused_before_anything_starts(tmp_path, monkeypatch):
+    from rtp_llm.distributed.launch import LaunchError
+    from rtp_llm.distributed.sharding import ShardingError
+
+    make_checkpoint(tmp_path, "qwen3_kv1_tied")  # 4 query heads
+    with pytest.raises(ShardingError, match="attention heads"):
+        LLMEngine(EngineConfig(model=str(tmp_path), tokenizer=default_model_path(), tp_size=5, num_blocks=64))
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(LaunchError, match="WORLD_SIZE=3 but tp_size=2"):
+        LLMEngine(EngineConfig(model=str(tmp_path), tokenizer=default_model_path(), tp_size=2, num_blocks=64))
