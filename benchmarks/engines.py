@@ -21,12 +21,18 @@ class RtpLLM:
         args = dict(max_model_len=2048, max_num_seqs=64, max_num_batched_tokens=4096, kv_cache_memory_gb=1.0)
         args.update(engine_args)
         self.llm = LLM(dtype=dtype, **args)
+        # Tensor parallelism sets this process's thread count (ranks share the cores); each engine in a
+        # side-by-side run gets back its own setting before it runs.
+        self.threads = torch.get_num_threads()
 
     def run(self, prompts, new_tokens):
         from rtp_llm import SamplingParams
 
         params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
         eng = self.llm.engine
+        torch.set_num_threads(self.threads)
+        tp = eng.tp_runtime.tp if eng.tp_runtime else None
+        comm0 = (tp.bytes_reduced, tp.channel.bytes_sent) if tp else None
         t0 = time.perf_counter()
         for i, p in enumerate(prompts):
             eng.add_request(f"bench-{time.monotonic_ns()}-{i}", p, params)
@@ -44,7 +50,19 @@ class RtpLLM:
                     outs[o.request_id] = o
         total = time.perf_counter() - t0
         tokens = [outs[k].outputs[0].token_ids for k in sorted(outs, key=lambda r: int(r.rsplit("-", 1)[1]))]
-        return tokens, total, {"ttft_s": first, "steps": len(step_times)}
+        extra = {"ttft_s": first, "steps": len(step_times)}
+        if tp:  # rank 0's share of the traffic: all-reduce/gather payload and step broadcasts
+            extra["collective_mb_per_step"] = (tp.bytes_reduced - comm0[0]) / len(step_times) / 1e6
+            extra["step_message_kb_per_step"] = (tp.channel.bytes_sent - comm0[1]) / len(step_times) / 1e3
+        return tokens, total, extra
+
+
+class RtpLLMTP2(RtpLLM):
+    """Two tensor-parallel ranks on this machine (gloo over localhost, one core each here)."""
+    name = "rtp_llm_tp2"
+
+    def __init__(self, dtype: str = "float32", **engine_args):
+        super().__init__(dtype=dtype, tp_size=2, **engine_args)
 
 
 class Transformers:

@@ -15,10 +15,10 @@ import statistics
 
 import torch
 
-from benchmarks.engines import RtpLLM, Transformers
+from benchmarks.engines import RtpLLM, RtpLLMTP2, Transformers
 from benchmarks.workloads import WORKLOADS
 
-ENGINES = {"rtp_llm": RtpLLM, "transformers": Transformers, "hf": Transformers}
+ENGINES = {"rtp_llm": RtpLLM, "rtp_llm_tp2": RtpLLMTP2, "transformers": Transformers, "hf": Transformers}
 CHECK_TOKENS = 8  # leading greedy tokens that must agree between engines
 
 

@@ -84,7 +84,9 @@ def _threads_per_rank(local_size: int) -> int:
 def _store(env: LaunchEnv, timeout_s: float):
     import torch.distributed as dist
 
-    return dist.TCPStore(env.addr, env.port, env.size, is_master=env.rank == 0,
+    # Under torchrun the elastic agent already hosts the store at MASTER_ADDR:MASTER_PORT; every rank joins it.
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    return dist.TCPStore(env.addr, env.port, env.size, is_master=env.rank == 0 and not agent_store,
                          timeout=timedelta(seconds=max(timeout_s, 60)), wait_for_workers=False)
 
 

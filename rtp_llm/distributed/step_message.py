@@ -63,39 +63,46 @@ class StepChannel:
     """Broadcasts variable-length int64 messages from rank 0 with one collective in the common case.
 
     Every rank holds a buffer of the same capacity; element 0 is the message length, element 1 its kind.
-    A message that does not fit is announced by a negative length (the new capacity) and re-sent in a
-    grown buffer, so only the rare larger step costs a second broadcast."""
+    A message that does not fit (a large prefill step) is announced by a negative length, the new
+    capacity, and re-sent in a grown buffer; once messages are back to a small fraction of the buffer
+    (decode steps after a prefill) the buffer shrinks the same way, so a decode step does not keep
+    broadcasting the largest step's buffer."""
 
-    def __init__(self, group, capacity: int = 2048):
+    MIN_CAPACITY = 1024
+
+    def __init__(self, group, capacity: int = MIN_CAPACITY):
         self.group = group
+        self.bytes_sent = 0  # broadcast payload, whole buffers (benchmarks)
         self._resize(capacity)
 
     def _resize(self, capacity: int) -> None:
         self.capacity = capacity
         self.buffer = torch.zeros(capacity, dtype=torch.int64)
 
-    def send(self, kind: int, payload: np.ndarray | Sequence[int] = ()) -> None:
+    def _broadcast(self) -> None:
         import torch.distributed as dist
 
+        dist.broadcast(self.buffer, 0, group=self.group)
+        self.bytes_sent += self.buffer.numel() * 8
+
+    def send(self, kind: int, payload: np.ndarray | Sequence[int] = ()) -> None:
         payload = np.asarray(payload, dtype=np.int64)
         n = len(payload)
-        if n + 2 > self.capacity:
-            grown = 1 << (n + 2).bit_length()
-            self.buffer[0] = -grown
-            dist.broadcast(self.buffer, 0, group=self.group)
-            self._resize(grown)
+        fit = max(self.MIN_CAPACITY, 1 << (n + 2).bit_length())
+        if n + 2 > self.capacity or (self.capacity > self.MIN_CAPACITY and fit * 4 <= self.capacity):
+            self.buffer[0] = -fit
+            self._broadcast()
+            self._resize(fit)
         self.buffer[0], self.buffer[1] = n, kind
         self.buffer[2:n + 2] = torch.from_numpy(payload)
-        dist.broadcast(self.buffer, 0, group=self.group)
+        self._broadcast()
 
     def recv(self) -> tuple[int, np.ndarray]:
-        import torch.distributed as dist
-
-        dist.broadcast(self.buffer, 0, group=self.group)
+        self._broadcast()
         n = int(self.buffer[0])
         if n < 0:
             self._resize(-n)
-            dist.broadcast(self.buffer, 0, group=self.group)
+            self._broadcast()
             n = int(self.buffer[0])
         return int(self.buffer[1]), self.buffer[2:n + 2].numpy().copy()
 

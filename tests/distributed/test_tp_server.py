@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 
+import httpx
 import openai
 import pytest
 
@@ -108,6 +109,28 @@ def test_torchrun_style_launch_one_command_per_rank(reference):
         if rank1.poll() is None:
             rank1.kill()
     assert "tensor-parallel rank 1/2 ready" in rank1.stdout.read()
+
+
+def test_torchrun_launch(reference):
+    """torchrun hosts the rendezvous store itself (its agent store); both ranks join it."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+           "rtp_llm.start_server", *COMMON, "--tp_size", "2", "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        srv = type("Url", (), {"url": f"http://127.0.0.1:{port}"})()
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(srv.url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert _answers(srv) == reference
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _wait_exit(proc)
 
 
 def test_killing_a_worker_mid_request_stops_the_server_naming_the_rank():
