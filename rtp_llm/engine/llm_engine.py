@@ -17,7 +17,6 @@ from typing import Optional, Sequence as Seq, Union
 
 import torch
 
-from rtp_llm.cache import KVBuffer
 from rtp_llm.config.engine_config import EngineConfig
 from rtp_llm.engine.detokenizer import IncrementalDetokenizer
 from rtp_llm.engine.errors import QueueFullError, RequestRejected

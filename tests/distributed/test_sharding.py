@@ -81,7 +81,8 @@ def test_refusals_name_the_problem():
         TPShard.plan(_cfg(4, 4), 2, 2)
 
 
-@pytest.mark.parametrize("heads,kv,tp,tie", [(4, 2, 2, False), (9, 3, 2, True), (4, 1, 2, False), (6, 3, 3, True), (8, 2, 4, False)])
+@pytest.mark.parametrize("heads,kv,tp,tie",
+                         [(4, 2, 2, False), (9, 3, 2, True), (4, 1, 2, False), (6, 3, 3, True), (8, 2, 4, False)])
 def test_weight_slices_reassemble_the_full_model(heads, kv, tp, tie):
     """Concatenating the ranks' slices (each replicated KV head once) gives back every full tensor."""
     cfg = dataclasses.replace(_cfg(heads, kv, inter=97, vocab=255, layers=2, tie=tie), qkv_bias=True, mlp_bias=True)
