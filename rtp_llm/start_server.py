@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rtp_llm.config.engine_config import EngineConfig
     from rtp_llm.device import DeviceError, resolve_device
+    from rtp_llm.distributed.launch import LaunchError, launch_env
     from rtp_llm.models.errors import CheckpointError
 
     try:
@@ -37,8 +38,6 @@ def main(argv: list[str] | None = None) -> int:
             enable_prefix_caching=args["enable_prefix_caching"], max_queue_len=args["max_queue_len"],
             allow_pickle=args["allow_pickle"], tp_size=args["tp_size"],
             tp_timeout_s=args["tp_timeout"], tp_heartbeat_timeout_s=args["tp_heartbeat_timeout"])
-        from rtp_llm.distributed.launch import LaunchError, launch_env
-
         if config.tp_size > 1:
             env = launch_env(config.tp_size)
             if env.rank != 0:  # torchrun / multi-machine: this process is a worker, rank 0 serves HTTP

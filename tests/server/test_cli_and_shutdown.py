@@ -52,6 +52,8 @@ def test_bad_settings_are_one_line_errors(argv, env, needle):
     (["--device", "npu"], {}, "--device npu"),
     ([], {"MAX_NUM_SEQS": "x"}, "MAX_NUM_SEQS"),
     ([], {"CHECKPOINT_PATH": "/no/such/dir"}, "/no/such/dir"),
+    (["--tp_size", "4"], {}, "tp_size=4 is larger than num_key_value_heads=3"),  # SmolLM2: 3 KV heads
+    (["--tp_size", "2"], {"WORLD_SIZE": "2", "RANK": "5", "MASTER_PORT": "1"}, "RANK=5"),
 ])
 def test_start_server_exits_with_a_one_line_error(args, env, needle):
     res = _run(*args, env=env)
