@@ -18,7 +18,10 @@ class RtpLLM:
     def __init__(self, dtype: str = "float32", **engine_args):
         from rtp_llm import LLM
 
-        args = dict(max_model_len=2048, max_num_seqs=64, max_num_batched_tokens=4096, kv_cache_memory_gb=1.0)
+        # Rounds repeat the same prompts: with the prefix cache on, every round after the warm-up would skip
+        # most of its prefill, work the peers do in full. Offline workloads measure the full work.
+        args = dict(max_model_len=2048, max_num_seqs=64, max_num_batched_tokens=4096, kv_cache_memory_gb=1.0,
+                    enable_prefix_caching=False)
         args.update(engine_args)
         self.llm = LLM(dtype=dtype, **args)
         # Tensor parallelism sets this process's thread count (ranks share the cores); each engine in a
