@@ -88,3 +88,48 @@ class Transformers:
                                       min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
         total = time.perf_counter() - t0
         return out[:, ids.shape[1]:].tolist(), total, {}
+
+
+class VLLM:
+    """vLLM's CPU build in its own venv (benchmarks/peers/setup_vllm.sh), driven over a pipe by
+    benchmarks/peers/vllm_peer.py on the float32 Hugging Face export of the same weights. Run as the issue
+    prescribes for this machine: tcmalloc and the venv's Intel OpenMP preloaded, OpenMP threads bound to
+    every core (VLLM_CPU_OMP_THREADS_BIND=0-N; by default vLLM keeps one core for itself)."""
+    name = "vllm"
+
+    def __init__(self, dtype: str = "float32"):
+        import subprocess
+
+        from benchmarks.peers.export_hf import export
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        venv = os.environ.get("RTP_LLM_VLLM_VENV", os.path.join(root, ".venv-vllm"))
+        python = os.path.join(venv, "bin", "python")
+        if not os.path.exists(python):
+            raise SystemExit(f"no vLLM venv at {venv}: run `bash benchmarks/peers/setup_vllm.sh` first")
+        preload = [p for p in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+                               os.path.join(venv, "lib", "libiomp5.so")) if os.path.exists(p)]
+        env = dict(os.environ, LD_PRELOAD=":".join(preload), VLLM_CPU_KVCACHE_SPACE="1",
+                   VLLM_CPU_OMP_THREADS_BIND=f"0-{(os.cpu_count() or 1) - 1}")
+        env.pop("PYTHONPATH", None)  # nothing of rtp_llm's environment leaks into the peer
+        self.proc = subprocess.Popen([python, os.path.join(root, "benchmarks", "peers", "vllm_peer.py"), export(),
+                                      "--dtype", dtype], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                     text=True, bufsize=1)
+        self._read()
+
+    def _read(self) -> dict:
+        import json
+
+        from benchmarks.peers.vllm_peer import RESULT_MARK
+
+        for line in self.proc.stdout:
+            if line.startswith(RESULT_MARK):
+                return json.loads(line[len(RESULT_MARK):])
+        raise SystemExit(f"the vLLM peer exited with {self.proc.wait()}")
+
+    def run(self, prompts, new_tokens):
+        import json
+
+        self.proc.stdin.write(json.dumps({"prompts": prompts, "new_tokens": new_tokens}) + "\n")
+        res = self._read()
+        return res["tokens"], res["seconds"], {"ttft_s": res.get("ttft_s")}

@@ -1,6 +1,8 @@
 """Benchmark harness: engines side by side on the same workload, in alternating rounds.
 
-    python -m benchmarks.run --workload W --engines rtp_llm,transformers --rounds 3 [--json out.json]
+    python -m benchmarks.run --workload W --engines rtp_llm,vllm,transformers --rounds 3 [--json out.json]
+
+vllm needs its venv first: bash benchmarks/peers/setup_vllm.sh.
 
 Every engine must produce the same first greedy tokens on the same prompts (checked), so the
 comparison is of equal work. Reported per engine: output tokens/s (median, min, max over rounds),
@@ -15,10 +17,11 @@ import statistics
 
 import torch
 
-from benchmarks.engines import RtpLLM, RtpLLMTP2, Transformers
+from benchmarks.engines import VLLM, RtpLLM, RtpLLMTP2, Transformers
 from benchmarks.workloads import WORKLOADS
 
-ENGINES = {"rtp_llm": RtpLLM, "rtp_llm_tp2": RtpLLMTP2, "transformers": Transformers, "hf": Transformers}
+ENGINES = {"rtp_llm": RtpLLM, "rtp_llm_tp2": RtpLLMTP2, "transformers": Transformers, "hf": Transformers,
+           "vllm": VLLM}
 CHECK_TOKENS = 8  # leading greedy tokens that must agree between engines
 
 
