@@ -1,26 +1,60 @@
 """The CPU's fused-op set: torch ops, except
+- linear layers: weights repacked once, at load, into oneDNN's blocked layout and multiplied with
+  oneDNN's fp32 matmul (the kernel family vLLM's CPU backend uses). Against F.linear (MKL, which packs
+  the weight on every call), on SmolLM2's shapes here (benchmarks/cpu_linear.py): 2-3.7x at 4 rows,
+  1.2-1.5x at 32 rows, 1.1-1.2x at 4096 rows; the plain copies are released, so weights are not held twice;
+- the LM head: packed the same way, except on 1-2 rows where a weight-streaming GEMV kernel
+  (rtp_llm/cpp/ops/skinny_linear.cc) is faster; its plain copy stays (the tied embedding needs it);
 - top-k/top-p: the C++ twin of the operator (rtp_llm/cpp/ops/top_k_top_p.cc), bit-identical masks
-  without sorting the vocabulary (benchmarks/top_k_top_p.py);
-- linear layers and the LM head on <= 4 rows (batch-1 / small-batch decode): a weight-streaming GEMV
-  kernel (rtp_llm/cpp/ops/skinny_linear.cc), about 2.6x the BLAS call on the LM head here."""
+  without sorting the vocabulary (benchmarks/top_k_top_p.py)."""
 
 import torch
 
 from rtp_llm.layers.ops import TorchOps
 
 
+def _onednn_available() -> bool:
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
 class CpuOps(TorchOps):
     name = "cpu"
+
+    # Up to this many rows the GEMV kernel beats the packed GEMM on the LM head (batch-1/2 decode).
+    SKINNY_ROWS = 2
+    # oneDNN's reorder takes the expected row count as a hint for the blocked format; any count works.
+    PACK_ROWS_HINT = 32
 
     def __init__(self):
         from rtp_llm._native import ops
 
         self._kernels = ops()
+        self._packed: dict[int, torch.Tensor] = {}  # id(weight parameter) -> blocked copy
 
-    # Up to this many rows, a weight-streaming GEMV kernel beats the BLAS GEMM (decode of small batches).
-    SKINNY_ROWS = 4
+    def prepare(self, model) -> None:
+        """Called once after the weights are loaded."""
+        if not _onednn_available():
+            return
+        for layer in model.layers:
+            for name in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
+                w = getattr(layer, name)
+                if w.dtype == torch.float32 and w.dim() == 2 and w.numel():
+                    self._packed[id(w)] = torch.ops.mkldnn._reorder_linear_weight(w.data, self.PACK_ROWS_HINT)
+                    w.data = torch.empty(0, dtype=w.dtype)  # the blocked copy replaces it
+        head = model.embed if model.lm_head is None else model.lm_head
+        if head.dtype == torch.float32:
+            self._packed[id(head)] = torch.ops.mkldnn._reorder_linear_weight(head.data, self.PACK_ROWS_HINT)
+
+    def _packed_linear(self, x, packed, bias):
+        shape = x.shape
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]).contiguous(), packed, bias, "none", [], "")
+        return y.reshape(*shape[:-1], y.shape[-1])
 
     def linear(self, x, weight, bias=None):
+        packed = self._packed.get(id(weight))
+        if packed is not None and x.dtype == torch.float32:
+            return self._packed_linear(x, packed, bias)
         if x.dim() == 2 and x.shape[0] <= self.SKINNY_ROWS and x.dtype == torch.float32 == weight.dtype:
             out = self._kernels.skinny_linear(x, weight)
             return out if bias is None else out + bias
@@ -29,6 +63,9 @@ class CpuOps(TorchOps):
     def lm_head(self, h, weight):
         if h.shape[0] <= self.SKINNY_ROWS and h.dtype == torch.float32 == weight.dtype:
             return self._kernels.skinny_linear(h, weight)
+        packed = self._packed.get(id(weight))
+        if packed is not None and h.dtype == torch.float32:
+            return self._packed_linear(h, packed, None)
         return super().lm_head(h, weight)
 
     def top_k_top_p(self, logits, k, p):

@@ -1,0 +1,73 @@
+"""The CPU op set's oneDNN-packed linear layers: the same products as a float64 reference on every row
+count (1 row to a prefill's thousands, 3-D inputs, biases), the plain weight copies released after
+packing, and whole-model logits equal to the unpacked model's (which tests/models holds to transformers)."""
+
+import copy
+
+import pytest
+import torch
+
+from rtp_llm.device.cpu_ops import CpuOps, _onednn_available
+from rtp_llm.layers.ops import TorchOps
+from rtp_llm.models.registry import load_model
+from tests.models.tiny_checkpoints import make_checkpoint
+
+pytestmark = pytest.mark.skipif(not _onednn_available(), reason="this torch build has no oneDNN")
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, out_f, in_f):
+        super().__init__()
+        for n in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
+            setattr(self, n, torch.nn.Parameter(torch.randn(out_f, in_f), requires_grad=False))
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, out_f, in_f):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_Layer(out_f, in_f)])
+        self.embed = torch.nn.Parameter(torch.randn(1000, in_f), requires_grad=False)
+        self.lm_head = None
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 32, 333, 2048])
+def test_packed_linear_matches_float64(rows):
+    torch.manual_seed(rows)
+    model = _Model(96, 80)
+    plain = {n: getattr(model.layers[0], n).detach().clone() for n in ("qkv_weight", "down_weight")}
+    head = model.embed.detach().clone()
+    ops = CpuOps()
+    ops.prepare(model)
+    x, bias = torch.randn(rows, 80), torch.randn(96)
+    for name, w in plain.items():
+        packed_w = getattr(model.layers[0], name)
+        assert packed_w.numel() == 0  # released: the blocked copy is the only one
+        ref = x.double() @ w.double().t() + bias.double()
+        torch.testing.assert_close(ops.linear(x, packed_w, bias).double(), ref, atol=1e-4, rtol=1e-5)
+        x3 = x.reshape(1, rows, 80)
+        torch.testing.assert_close(ops.linear(x3, packed_w).double(), (x3.double() @ w.double().t()),
+                                   atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(ops.lm_head(x, model.embed).double(), x.double() @ head.double().t(),
+                               atol=1e-4, rtol=1e-5)
+    assert model.embed.numel() == head.numel()  # the tied embedding keeps its plain copy
+
+
+def test_prepared_model_logits_equal_the_plain_model(tmp_path):
+    from rtp_llm.cache import KVBuffer
+    from rtp_llm.layers.attention import get_backend
+    from rtp_llm.models.forward_batch import ForwardBatch
+
+    make_checkpoint(tmp_path, "llama_gqa4_tied_attnbias")
+    plain, cfg = load_model(str(tmp_path), ops=TorchOps())
+    packed, _ = load_model(str(tmp_path), ops=CpuOps())
+    assert packed.layers[0].qkv_weight.numel() == 0
+    tokens = [list(range(3, 40)), list(range(50, 55))]
+    slots = [list(range(0, 37)), list(range(48, 53))]
+    table = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [6, 7, 8, 9, 0, 0, 0, 0, 0, 0]], dtype=torch.int32)
+    batch = ForwardBatch.build(tokens, [0, 0], slots, table.numpy(), 8)
+    outs = []
+    for model in (plain, packed):
+        kv = KVBuffer(cfg.num_layers, 12, 8, cfg.num_kv_heads, cfg.head_dim)
+        attn = get_backend("torch_ref")(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5, 8)
+        outs.append(model(copy.copy(batch), kv, attn))
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=0)
