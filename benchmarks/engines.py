@@ -127,6 +127,13 @@ class VLLM:
                 return json.loads(line[len(RESULT_MARK):])
         raise SystemExit(f"the vLLM peer exited with {self.proc.wait()}")
 
+    def close(self) -> None:
+        """End of input ends the peer; its shutdown logs are drained so it never writes to a closed pipe."""
+        self.proc.stdin.close()
+        for _ in self.proc.stdout:
+            pass
+        self.proc.wait(60)
+
     def run(self, prompts, new_tokens):
         import json
 

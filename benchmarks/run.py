@@ -52,6 +52,9 @@ def main() -> None:
             results[n].append({"seconds": seconds, "tok_s": len(prompts) * wl.new_tokens / seconds,
                                "tpot_ms": 1000 * seconds / wl.new_tokens, **extra})
             print(f"round {r} {n}: {results[n][-1]['tok_s']:.1f} output tok/s", flush=True)
+    for e in engines.values():
+        if hasattr(e, "close"):
+            e.close()
     ref = names[0]
     agree = {n: sum(a == b for a, b in zip(first_tokens[ref], first_tokens[n])) / len(prompts) for n in names}
     summary = {"workload": wl.__dict__, "dtype": args.dtype, "threads": torch.get_num_threads(),

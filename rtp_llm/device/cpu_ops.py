@@ -5,6 +5,8 @@
   1.2-1.5x at 32 rows, 1.1-1.2x at 4096 rows; the plain copies are released, so weights are not held twice;
 - the LM head: packed the same way, except on 1-2 rows where a weight-streaming GEMV kernel
   (rtp_llm/cpp/ops/skinny_linear.cc) is faster; its plain copy stays (the tied embedding needs it);
+- RMSNorm, residual add + RMSNorm and RoPE: one C++ op each (rtp_llm/cpp/ops/fused_norm_rotary.cc)
+  instead of 6-12 aten ops, whose dispatch dominates them at decode batch sizes;
 - top-k/top-p: the C++ twin of the operator (rtp_llm/cpp/ops/top_k_top_p.cc), bit-identical masks
   without sorting the vocabulary (benchmarks/top_k_top_p.py)."""
 
@@ -67,6 +69,25 @@ class CpuOps(TorchOps):
         if packed is not None and h.dtype == torch.float32:
             return self._packed_linear(h, packed, None)
         return super().lm_head(h, weight)
+
+    def rms_norm(self, x, weight, eps):
+        if x.dtype == torch.float32 == weight.dtype:
+            return self._kernels.rms_norm(x.contiguous(), weight, eps)
+        return super().rms_norm(x, weight, eps)
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        if x.dtype == torch.float32 == residual.dtype == weight.dtype:
+            return self._kernels.add_rms_norm(x.contiguous(), residual.contiguous(), weight, eps)
+        return super().add_rms_norm(x, residual, weight, eps)
+
+    def rotary(self, q, k, cos, sin):
+        if q.dtype == torch.float32 == k.dtype == cos.dtype:
+            return self._kernels.rotary(q, k, cos.contiguous(), sin.contiguous())
+        return super().rotary(q, k, cos, sin)
+
+    def silu_and_mul(self, gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate).mul_(up)  # one temporary instead of two
 
     def top_k_top_p(self, logits, k, p):
         if k is None and p is None:

@@ -1,6 +1,8 @@
-"""The CPU op set's oneDNN-packed linear layers: the same products as a float64 reference on every row
-count (1 row to a prefill's thousands, 3-D inputs, biases), the plain weight copies released after
-packing, and whole-model logits equal to the unpacked model's (which tests/models holds to transformers)."""
+"""The CPU op set: oneDNN-packed linear layers give the same products as a float64 reference on every row
+count (1 row to a prefill's thousands, 3-D inputs, biases) and release the plain weight copies; the fused
+RMSNorm / add+RMSNorm / RoPE kernels equal the reference functions (non-contiguous inputs included); and
+whole models on the CPU op set give the logits of the plain torch op set (which tests/models holds to
+transformers)."""
 
 import copy
 
@@ -52,12 +54,38 @@ def test_packed_linear_matches_float64(rows):
     assert model.embed.numel() == head.numel()  # the tied embedding keeps its plain copy
 
 
-def test_prepared_model_logits_equal_the_plain_model(tmp_path):
+@pytest.mark.parametrize("tokens,heads", [(1, 1), (5, 9), (300, 4)])
+def test_fused_norms_and_rotary_equal_the_reference(tokens, heads):
+    from rtp_llm.config.model_config import RopeConfig
+    from rtp_llm.layers.norm import rms_norm
+    from rtp_llm.layers.rotary import RotaryEmbedding, apply_rotary
+
+    torch.manual_seed(tokens)
+    ops, d = CpuOps(), 64
+    qkv = torch.randn(tokens, (heads + 2) * d)  # q and k as the model slices them: non-contiguous views
+    q, k = qkv[:, :heads * d].reshape(tokens, heads, d), qkv[:, heads * d:(heads + 1) * d].reshape(tokens, 1, d)
+    w, eps = torch.randn(d), 1e-6
+    torch.testing.assert_close(ops.rms_norm(q, w, eps), rms_norm(q, w, eps), atol=1e-5, rtol=1e-5)
+    x, res, w2 = torch.randn(tokens, 96), torch.randn(tokens, 96), torch.randn(96)
+    normed, total = ops.add_rms_norm(x, res, w2, eps)
+    torch.testing.assert_close(total, x + res, atol=0, rtol=0)
+    torch.testing.assert_close(normed, rms_norm(x + res, w2, eps), atol=1e-5, rtol=1e-5)
+    pos = torch.randint(0, 4000, (tokens,))
+    cos, sin = RotaryEmbedding(RopeConfig(theta=10000.0), d).cos_sin(pos, torch.float32, 3999)
+    q_before = q.clone()
+    rq, rk = ops.rotary(q, k, cos, sin)
+    torch.testing.assert_close(rq, apply_rotary(q, cos, sin), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rk, apply_rotary(k, cos, sin), atol=1e-5, rtol=1e-5)
+    assert torch.equal(q, q_before)  # inputs untouched
+
+
+@pytest.mark.parametrize("variant", ["llama_gqa4_tied_attnbias", "qwen3_gqa2_headdim32_untied"])
+def test_prepared_model_logits_equal_the_plain_model(tmp_path, variant):
     from rtp_llm.cache import KVBuffer
     from rtp_llm.layers.attention import get_backend
     from rtp_llm.models.forward_batch import ForwardBatch
 
-    make_checkpoint(tmp_path, "llama_gqa4_tied_attnbias")
+    make_checkpoint(tmp_path, variant)
     plain, cfg = load_model(str(tmp_path), ops=TorchOps())
     packed, _ = load_model(str(tmp_path), ops=CpuOps())
     assert packed.layers[0].qkv_weight.numel() == 0
