@@ -18,6 +18,7 @@ from typing import Optional, Sequence as Seq, Union
 import torch
 
 from rtp_llm.config.engine_config import EngineConfig
+from rtp_llm.distributed.group import TPWorkerError
 from rtp_llm.engine.detokenizer import IncrementalDetokenizer
 from rtp_llm.engine.errors import QueueFullError, RequestRejected
 from rtp_llm.engine.model_runner import ModelRunner, kv_block_count, resolve_block_size
@@ -176,22 +177,12 @@ class LLMEngine:
             return outputs
         self.counters["steps"] += 1
         try:
-            try:
-                logits = self._forward(sched)
-            except Exception as exc:
-                if self.tp_runtime is not None:  # ranks cannot resynchronise after a half-run step
-                    from rtp_llm.distributed.group import TPWorkerError
-
-                    raise exc if isinstance(exc, TPWorkerError) else TPWorkerError(
-                        f"tensor-parallel step failed on rank 0: {type(exc).__name__}: {exc}") from exc
-                raise
+            logits = self._forward(sched)
             rows = self._sample_rows(sched)
             sampled = self._sample(logits, rows) if rows else None
+        except TPWorkerError:
+            raise  # the tensor-parallel group is broken: fatal for the engine
         except Exception as exc:  # a failed step fails its requests, not the engine
-            from rtp_llm.distributed.group import TPWorkerError
-
-            if isinstance(exc, TPWorkerError):
-                raise
             log.exception("step failed")
             for req in {x.seq.request for x in sched.scheduled}:
                 if req.request_id in self.requests:
@@ -231,9 +222,15 @@ class LLMEngine:
             if x.start < len(x.seq.prompt):
                 self.counters["prompt_tokens"] += min(len(x.tokens), len(x.seq.prompt) - x.start)
                 x.seq.request.computed_prompt_tokens += min(len(x.tokens), len(x.seq.prompt) - x.start)
-        return self.runner.forward([x.seq.seq_id for x in items], [x.tokens for x in items],
-                                   [x.start for x in items], [x.slots for x in items], [x.samples for x in items],
-                                   sched.copies)
+        try:
+            return self.runner.forward([x.seq.seq_id for x in items], [x.tokens for x in items],
+                                       [x.start for x in items], [x.slots for x in items],
+                                       [x.samples for x in items], sched.copies)
+        except Exception as exc:
+            if self.tp_runtime is None or isinstance(exc, TPWorkerError):
+                raise
+            # The other ranks may be inside this step's collectives: they cannot be resynchronised.
+            raise TPWorkerError(f"tensor-parallel step failed on rank 0: {type(exc).__name__}: {exc}") from exc
 
     def _sample_rows(self, sched: SchedulerOutput) -> list[tuple[Sequence, int]]:
         """(sequence, logits row) for every token to sample; forks pending siblings off a completed prompt."""
