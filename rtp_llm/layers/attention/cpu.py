@@ -19,10 +19,10 @@ from rtp_llm.models.forward_batch import ForwardBatch
 @dataclass
 class CpuMeta:
     slots: torch.Tensor
-    decode_rows: Optional[torch.Tensor]        # flat token rows of decode sequences (None: all rows)
+    decode_rows: Optional[torch.Tensor]        # flat token rows of decode sequences (None: all or none)
     decode_table: Optional[torch.Tensor]       # [Bd, W] int32
     decode_lens: Optional[torch.Tensor]        # [Bd] int64
-    prefill_rows: Optional[torch.Tensor]
+    prefill_rows: Optional[torch.Tensor]       # flat token rows of prefill sequences (None: all or none)
     prefill: Optional[RefMeta]
     all_decode: bool
 
@@ -41,6 +41,8 @@ class CpuAttention(TorchRefAttention):
         if len(dec) == len(q_lens):
             return CpuMeta(slots, None, batch.block_table, torch.tensor(batch.kv_lens, dtype=torch.int64),
                            None, None, True)
+        if not dec:  # prefills only: the reference path on the whole batch, no row gather/scatter
+            return CpuMeta(slots, None, None, None, None, super().prepare(batch), False)
         starts = [0]
         for q in q_lens[:-1]:
             starts.append(starts[-1] + q)
@@ -49,23 +51,20 @@ class CpuAttention(TorchRefAttention):
         sub = SimpleNamespace(input_ids=batch.input_ids, q_lens=[q_lens[i] for i in pre],
                               kv_lens=[batch.kv_lens[i] for i in pre], block_size=batch.block_size,
                               block_table=batch.block_table[torch.tensor(pre)], slot_mapping=batch.slot_mapping)
-        meta = CpuMeta(slots, None, None, None, prefill_rows, super().prepare(sub), False)
-        if dec:
-            idx = torch.tensor(dec)
-            meta.decode_rows = torch.tensor([starts[i] for i in dec])
-            meta.decode_table = batch.block_table[idx].contiguous()
-            meta.decode_lens = torch.tensor([batch.kv_lens[i] for i in dec], dtype=torch.int64)
-        return meta
+        return CpuMeta(slots, torch.tensor([starts[i] for i in dec]), batch.block_table[torch.tensor(dec)].contiguous(),
+                       torch.tensor([batch.kv_lens[i] for i in dec], dtype=torch.int64), prefill_rows,
+                       super().prepare(sub), False)
 
     def forward(self, q, k, v, layer_kv, meta: CpuMeta):
         self.write_kv(k, v, layer_kv, meta.slots)
         if meta.all_decode:
             return self.kernels.paged_decode_attention(q.contiguous(), layer_kv[0], layer_kv[1], meta.decode_table,
                                                        meta.decode_lens, self.scale)
+        if meta.prefill_rows is None:
+            return self.attend(q, layer_kv, meta.prefill)
         out = torch.empty_like(q)
-        if meta.decode_rows is not None:
-            out[meta.decode_rows] = self.kernels.paged_decode_attention(
-                q[meta.decode_rows].contiguous(), layer_kv[0], layer_kv[1], meta.decode_table, meta.decode_lens,
-                self.scale)
+        out[meta.decode_rows] = self.kernels.paged_decode_attention(
+            q[meta.decode_rows].contiguous(), layer_kv[0], layer_kv[1], meta.decode_table, meta.decode_lens,
+            self.scale)
         out[meta.prefill_rows] = self.attend(q[meta.prefill_rows], layer_kv, meta.prefill)
         return out
