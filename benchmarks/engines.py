@@ -90,6 +90,22 @@ class Transformers:
         return out[:, ids.shape[1]:].tolist(), total, {}
 
 
+def vllm_environment() -> tuple[str, dict]:
+    """(the vLLM venv's python, the environment to run vLLM in): tcmalloc and the venv's Intel OpenMP
+    preloaded, OpenMP threads bound to every core (by default vLLM keeps one core for itself), 1 GiB KV."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    venv = os.environ.get("RTP_LLM_VLLM_VENV", os.path.join(root, ".venv-vllm"))
+    python = os.path.join(venv, "bin", "python")
+    if not os.path.exists(python):
+        raise SystemExit(f"no vLLM venv at {venv}: run `bash benchmarks/peers/setup_vllm.sh` first")
+    preload = [p for p in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+                           os.path.join(venv, "lib", "libiomp5.so")) if os.path.exists(p)]
+    env = dict(os.environ, LD_PRELOAD=":".join(preload), VLLM_CPU_KVCACHE_SPACE="1",
+               VLLM_CPU_OMP_THREADS_BIND=f"0-{(os.cpu_count() or 1) - 1}")
+    env.pop("PYTHONPATH", None)  # nothing of rtp_llm's environment leaks into the peer
+    return python, env
+
+
 class VLLM:
     """vLLM's CPU build in its own venv (benchmarks/peers/setup_vllm.sh), driven over a pipe by
     benchmarks/peers/vllm_peer.py on the float32 Hugging Face export of the same weights. Run as the issue
@@ -103,15 +119,7 @@ class VLLM:
         from benchmarks.peers.export_hf import export
 
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        venv = os.environ.get("RTP_LLM_VLLM_VENV", os.path.join(root, ".venv-vllm"))
-        python = os.path.join(venv, "bin", "python")
-        if not os.path.exists(python):
-            raise SystemExit(f"no vLLM venv at {venv}: run `bash benchmarks/peers/setup_vllm.sh` first")
-        preload = [p for p in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
-                               os.path.join(venv, "lib", "libiomp5.so")) if os.path.exists(p)]
-        env = dict(os.environ, LD_PRELOAD=":".join(preload), VLLM_CPU_KVCACHE_SPACE="1",
-                   VLLM_CPU_OMP_THREADS_BIND=f"0-{(os.cpu_count() or 1) - 1}")
-        env.pop("PYTHONPATH", None)  # nothing of rtp_llm's environment leaks into the peer
+        python, env = vllm_environment()
         self.proc = subprocess.Popen([python, os.path.join(root, "benchmarks", "peers", "vllm_peer.py"), export(),
                                       "--dtype", dtype], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                      text=True, bufsize=1)

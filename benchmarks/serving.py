@@ -1,12 +1,14 @@
 """Serving benchmark against the HTTP server, like vLLM's: Poisson arrivals at a few request rates;
 TTFT, TPOT and end-to-end latency p50/p99 per rate.
 
-    python -m benchmarks.serving [--rates 0.5 1 2] [--requests 24] [--url http://127.0.0.1:8000]
-                                 [--json out.json] [--png out.png]
+    python -m benchmarks.serving [--rates 0.5 1 2] [--requests 24] [--servers rtp_llm,vllm]
+                                 [--url http://127.0.0.1:8000] [--json out.json] [--png out.png]
 
-Without --url it starts `python -m rtp_llm.start_server` on a free port (embedded model) and stops
-it afterwards. Each request: a 128-token prompt (token ids, fixed seed), 64 new tokens, EOS ignored,
-streamed through /v1/completions.
+Without --url it starts each server of --servers on a free port in turn (rtp_llm: `python -m
+rtp_llm.start_server` on the embedded model; vllm: vLLM's OpenAI server from its venv, see
+benchmarks/peers/setup_vllm.sh, on the float32 export of the same weights), runs every rate, and stops it.
+Each request: a 128-token prompt (token ids, fixed seed), 64 new tokens, EOS ignored, streamed through
+/v1/completions. The servers run one after the other (two on 2 cores would measure each other).
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ def _pct(values, q):
     return v[min(len(v) - 1, int(round(q * (len(v) - 1))))] if v else float("nan")
 
 
-async def _one(http, url, prompt, new_tokens):
-    body = {"prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+async def _one(http, url, model, prompt, new_tokens):
+    body = {"model": model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True}
     t0 = time.perf_counter()
     first = None
     chunks = 0
@@ -49,31 +52,58 @@ async def _one(http, url, prompt, new_tokens):
 async def _rate(url, rate, prompts, new_tokens, seed):
     rng = random.Random(seed)
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=256)) as http:
+        model = (await http.get(url + "/v1/models")).json()["data"][0]["id"]
         tasks = []
         for p in prompts:
-            tasks.append(asyncio.create_task(_one(http, url, p, new_tokens)))
+            tasks.append(asyncio.create_task(_one(http, url, model, p, new_tokens)))
             await asyncio.sleep(rng.expovariate(rate))
         return await asyncio.gather(*tasks)
 
 
-def _start_server():
+def _start_server(kind: str):
     import socket
 
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    if kind == "rtp_llm":
+        cmd, env = [sys.executable, "-m", "rtp_llm.start_server", "--port", str(port), "--max_model_len", "1024"], None
+    elif kind == "vllm":
+        from benchmarks.engines import vllm_environment
+        from benchmarks.peers.export_hf import export
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "rtp_llm.start_server", "--port", str(port), "--max_model_len",
-                             "1024"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        python, env = vllm_environment()
+        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", export(), "--port", str(port),
+               "--dtype", "float32", "--max-model-len", "1024", "--served-model-name", "SmolLM2-135M-Instruct"]
+    else:
+        raise SystemExit(f"unknown server {kind!r}: rtp_llm or vllm")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
+    for _ in range(1200):
+        if proc.poll() is not None:
+            raise SystemExit(f"the {kind} server exited with {proc.returncode}")
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
             time.sleep(0.5)
     proc.kill()
-    raise SystemExit("the server did not start")
+    raise SystemExit(f"the {kind} server did not start")
+
+
+def _run_rates(url, rates, prompts, new_tokens):
+    asyncio.run(_rate(url, 10.0, prompts[:2], 4, 0))  # warm-up
+    results = []
+    for rate in rates:
+        rows = asyncio.run(_rate(url, rate, prompts, new_tokens, seed=int(rate * 1000)))
+        summary = {"rate": rate}
+        for key in ("ttft", "tpot", "e2e"):
+            vals = [r[key] for r in rows]
+            summary[f"{key}_p50_s"] = round(statistics.median(vals), 4)
+            summary[f"{key}_p99_s"] = round(_pct(vals, 0.99), 4)
+        results.append(summary)
+        print(json.dumps(summary), flush=True)
+    return results
 
 
 def main():
@@ -81,31 +111,23 @@ def main():
     ap.add_argument("--rates", type=float, nargs="+", default=[0.5, 1.0, 2.0])
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--url")
+    ap.add_argument("--url", help="an already running server (instead of --servers)")
+    ap.add_argument("--servers", default="rtp_llm", help="comma-separated: rtp_llm, vllm")
     ap.add_argument("--json")
     ap.add_argument("--png")
     args = ap.parse_args()
-    proc = None
-    url = args.url
-    if url is None:
-        proc, url = _start_server()
-    try:
-        prompts = Workload("serving", args.requests, 128, args.new_tokens).prompts()
-        asyncio.run(_rate(url, 10.0, prompts[:2], 4, 0))  # warm-up
-        results = []
-        for rate in args.rates:
-            rows = asyncio.run(_rate(url, rate, prompts, args.new_tokens, seed=int(rate * 1000)))
-            summary = {"rate": rate}
-            for key in ("ttft", "tpot", "e2e"):
-                vals = [r[key] for r in rows]
-                summary[f"{key}_p50_s"] = round(statistics.median(vals), 4)
-                summary[f"{key}_p99_s"] = round(_pct(vals, 0.99), 4)
-            results.append(summary)
-            print(json.dumps(summary), flush=True)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(60)
+    prompts = Workload("serving", args.requests, 128, args.new_tokens).prompts()
+    all_results = {}
+    for kind in ([args.url] if args.url else [k.strip() for k in args.servers.split(",") if k.strip()]):
+        proc, url = (None, kind) if args.url else _start_server(kind)
+        print(f"# {kind}", flush=True)
+        try:
+            all_results[kind] = _run_rates(url, args.rates, prompts, args.new_tokens)
+        finally:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(60)
+    results = all_results
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
@@ -117,13 +139,14 @@ def main():
 
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
         for ax, key, label in zip(axes, ("ttft", "tpot", "e2e"), ("TTFT (s)", "TPOT (s)", "end-to-end (s)")):
-            ax.plot([r["rate"] for r in results], [r[f"{key}_p50_s"] for r in results], "o-", label="p50")
-            ax.plot([r["rate"] for r in results], [r[f"{key}_p99_s"] for r in results], "s--", label="p99")
+            for name, rows in results.items():
+                ax.plot([r["rate"] for r in rows], [r[f"{key}_p50_s"] for r in rows], "o-", label=f"{name} p50")
+                ax.plot([r["rate"] for r in rows], [r[f"{key}_p99_s"] for r in rows], "s--", label=f"{name} p99")
             ax.set_xlabel("request rate (req/s)")
             ax.set_ylabel(label)
             ax.grid(alpha=0.3)
             ax.legend()
-        fig.suptitle("rtp-llm serving, SmolLM2-135M fp32, 128 in / 64 out")
+        fig.suptitle("serving, SmolLM2-135M fp32, 128 in / 64 out")
         fig.tight_layout()
         fig.savefig(args.png, dpi=110)
 
