@@ -99,3 +99,23 @@ def test_prepared_model_logits_equal_the_plain_model(tmp_path, variant):
         attn = get_backend("torch_ref")(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5, 8)
         outs.append(model(copy.copy(batch), kv, attn))
     torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [1, 32, 300])
+def test_packed_bf16_linear_accumulates_in_fp32(rows):
+    """bf16 weights and activations, fp32 accumulation: the error is the output's bf16 rounding, not K sums
+    of bf16 roundings (which would be ~sqrt(K) times larger)."""
+    torch.manual_seed(rows)
+    model = _Model(256, 1536)
+    for n in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
+        p = getattr(model.layers[0], n)
+        p.data = p.data.bfloat16()
+    w = model.layers[0].down_weight.detach().clone()
+    ops = CpuOps()
+    ops.prepare(model)
+    x = torch.randn(rows, 1536).bfloat16()
+    out = ops.linear(x, model.layers[0].down_weight)
+    assert out.dtype == torch.bfloat16 and model.layers[0].down_weight.numel() == 0
+    ref = x.double() @ w.double().t()
+    rel = ((out.double() - ref).abs() / ref.abs().clamp_min(1.0)).max().item()
+    assert rel < 2 ** -7  # one bf16 rounding of the result (8 significant bits)
