@@ -44,6 +44,9 @@ class Device(ABC):
         total = os.sysconf("SC_PHYS_PAGES") * page
         return pages * page, total
 
+    def share_host(self, local_ranks: int) -> None:
+        """Called when this many tensor-parallel ranks run on this machine (each with its own device here)."""
+
     def validate_block_size(self, block_size: int) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")

@@ -1,5 +1,7 @@
 """CPU: the embedded default."""
 
+import os
+
 import torch
 
 from rtp_llm.device.base import Device
@@ -17,6 +19,10 @@ class CpuDevice(Device):
     @property
     def torch_device(self) -> torch.device:
         return torch.device("cpu")
+
+    def share_host(self, local_ranks: int) -> None:
+        # Ranks on one machine share its cores; oversubscribed OpenMP pools would fight over them.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
 
     def ops(self):
         from rtp_llm.device.cpu_ops import CpuOps

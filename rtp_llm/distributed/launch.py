@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Optional
 
-import torch
 
 from rtp_llm.config.engine_config import EngineConfig
 from rtp_llm.distributed.group import TensorParallel
@@ -76,11 +75,6 @@ def launch_env(tp_size: int) -> LaunchEnv:
     return LaunchEnv(0, tp_size, 0, tp_size, os.environ.get("MASTER_ADDR") or "127.0.0.1", port, False)
 
 
-def _threads_per_rank(local_size: int) -> int:
-    """Ranks on one machine share its cores; oversubscribed OpenMP pools would fight over them."""
-    return max(1, (os.cpu_count() or 1) // local_size)
-
-
 def _store(env: LaunchEnv, timeout_s: float):
     import torch.distributed as dist
 
@@ -93,20 +87,17 @@ def _store(env: LaunchEnv, timeout_s: float):
 class TPRuntime:
     """Rank 0's handle on the group: the collectives, the worker monitor, the processes it spawned."""
 
-    def __init__(self, config: EngineConfig, device_name: str, env: LaunchEnv):
+    def __init__(self, config: EngineConfig, device, env: LaunchEnv):
         self.env = env
         self.procs: dict[int, subprocess.Popen] = {}
-        if device_name == "cpu":
-            torch.set_num_threads(_threads_per_rank(env.local_size))
+        device.share_host(env.local_size)
         store = _store(env, config.tp_timeout_s)
         port = store.port
         if not env.external:
             self._spawn(config, env, port)
         self.monitor = WorkerMonitor(env.addr, port, env.size, self.procs, config.tp_heartbeat_timeout_s)
         try:
-            from rtp_llm.device import get_device
-
-            backend = get_device(device_name).collective_backend
+            backend = device.collective_backend
             self.tp = TensorParallel(0, env.size, backend, store, config.tp_timeout_s, diagnose=self.monitor.diagnose)
         except Exception:
             self._kill()
@@ -125,7 +116,7 @@ class TPRuntime:
         base.update({
             CONFIG_ENV: json.dumps(dataclasses.asdict(config)), SPAWNED_ENV: str(os.getpid()),
             "MASTER_ADDR": env.addr, "MASTER_PORT": str(port), "WORLD_SIZE": str(env.size),
-            "LOCAL_WORLD_SIZE": str(env.local_size), "OMP_NUM_THREADS": str(_threads_per_rank(env.local_size)),
+            "LOCAL_WORLD_SIZE": str(env.local_size),
         })
         for rank in range(1, env.size):
             child = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
@@ -140,7 +131,7 @@ class TPRuntime:
     def _kill(self, grace_s: float = 10.0) -> None:
         for proc in self.procs.values():
             try:
-                proc.wait(grace_s) if grace_s > 0 else proc.kill()
+                proc.wait(grace_s)
             except subprocess.TimeoutExpired:
                 proc.kill()
             proc.wait()
@@ -150,19 +141,16 @@ class TPRuntime:
         if self.monitor.failure is not None:
             # The group is broken and the engine thread may still sit in a collective: do not touch the
             # process group, just make sure no spawned worker outlives us.
-            self._kill(grace_s=0)
+            self._kill(grace_s=0.1)
             return
         self.tp.close()
         self._kill()
 
 
-def join_as_worker(config: EngineConfig, device_name: str, env: LaunchEnv) -> tuple[TensorParallel, Heartbeat]:
+def join_as_worker(config: EngineConfig, device, env: LaunchEnv) -> tuple[TensorParallel, Heartbeat]:
     """Ranks 1..N-1: heartbeat first (rank 0 watches it from the moment all ranks joined), then the groups."""
-    if device_name == "cpu":
-        torch.set_num_threads(_threads_per_rank(env.local_size))
+    device.share_host(env.local_size)
     heartbeat = Heartbeat(env.addr, env.port, env.rank).start()
-    from rtp_llm.device import get_device
-
     store = _store(env, config.tp_timeout_s)
-    tp = TensorParallel(env.rank, env.size, get_device(device_name).collective_backend, store, config.tp_timeout_s)
+    tp = TensorParallel(env.rank, env.size, device.collective_backend, store, config.tp_timeout_s)
     return tp, heartbeat

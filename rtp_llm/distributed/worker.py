@@ -42,7 +42,7 @@ def run_worker(config: EngineConfig, env: LaunchEnv) -> int:
 
     device = get_device(config.device, env.local_rank)
     device.bind_thread()
-    tp, heartbeat = join_as_worker(config, config.device, env)
+    tp, heartbeat = join_as_worker(config, device, env)
     try:
         block_size = resolve_block_size(config, device)
         path = config.model or default_model_path()

@@ -57,7 +57,7 @@ class LLMEngine:
             shape = load_config(path, config.model_type)
             for rank in range(config.tp_size):  # refuse an impossible split before starting any process
                 TPShard.plan(shape, config.tp_size, rank)
-            self.tp_runtime = TPRuntime(config, self.device.name, launch_env(config.tp_size))
+            self.tp_runtime = TPRuntime(config, self.device, launch_env(config.tp_size))
         try:
             self._init_model(config, path, model, model_config, tokenizer)
         except BaseException:

@@ -32,16 +32,16 @@ def generate_static(runner: ModelRunner, prompts: Sequence[Sequence[int]], param
     outs = [StaticOutput([]) for _ in prompts]
     stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
 
-    tokens, starts, slots = [], [], []
+    tokens, starts, slots, copies = [], [], [], []
     for sid, prompt, out in zip(ids, prompts, outs):
         cached = m.add_sequence(sid, prompt)
         out.cached_tokens = cached
-        s, copies = m.allocate_slots(sid, len(prompt) - cached)
-        runner.kv.copy_blocks(copies)
+        s, c = m.allocate_slots(sid, len(prompt) - cached)
+        copies.extend(c)
         tokens.append(list(prompt[cached:]))
         starts.append(cached)
         slots.append(s)
-    logits = runner.forward(ids, tokens, starts, slots)
+    logits = runner.forward(ids, tokens, starts, slots, copies=copies)
 
     live = list(range(len(prompts)))
     for step in range(params.max_tokens):
@@ -65,10 +65,10 @@ def generate_static(runner: ModelRunner, prompts: Sequence[Sequence[int]], param
         seq = np.array([ids[i] for i in live], dtype=np.int64)
         last = np.array([outs[i].token_ids[-1] for i in live], dtype=np.int32)
         slot = np.empty(len(live), dtype=np.int32)
-        runner.kv.copy_blocks(m.append_decode(seq, last, slot))
+        copies = m.append_decode(seq, last, slot)
         logits = runner.forward(seq.tolist(), [[int(t)] for t in last],
                                 [len(prompts[i]) + len(outs[i].token_ids) - 1 for i in live],
-                                [slot[j:j + 1] for j in range(len(live))])
+                                [slot[j:j + 1] for j in range(len(live))], copies=copies)
     if free:
         for sid in ids:
             m.free(sid)

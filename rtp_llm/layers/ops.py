@@ -14,6 +14,9 @@ from rtp_llm.sampling.top_k_top_p import apply_top_k_top_p
 class TorchOps:
     name = "torch"
 
+    def prepare(self, model) -> None:
+        """Called once after the weights are loaded; a device may repack them (CpuOps: oneDNN layouts)."""
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return rms_norm(x, weight, eps)
 

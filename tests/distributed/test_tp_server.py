@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import httpx
 import openai
@@ -118,7 +119,7 @@ def test_torchrun_launch(reference):
            "rtp_llm.start_server", *COMMON, "--tp_size", "2", "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        srv = type("Url", (), {"url": f"http://127.0.0.1:{port}"})()
+        srv = SimpleNamespace(url=f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:
             try:

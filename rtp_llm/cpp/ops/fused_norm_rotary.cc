@@ -94,8 +94,8 @@ std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& q, const at::Tensor&
     TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.sizes() == cos.sizes() && cos.is_contiguous() &&
                     sin.is_contiguous(),
                 "rotary: cos/sin must be contiguous float32 [T, D]");
-    auto qo = q.contiguous().clone();
-    auto ko = k.contiguous().clone();
+    auto qo = q.clone(at::MemoryFormat::Contiguous);  // one copy, contiguous whatever the input strides
+    auto ko = k.clone(at::MemoryFormat::Contiguous);
     rotate_one(qo, cos.data_ptr<float>(), sin.data_ptr<float>());
     rotate_one(ko, cos.data_ptr<float>(), sin.data_ptr<float>());
     return {qo, ko};
