@@ -7,7 +7,7 @@
 - the LM head: packed the same way, except on 1-2 rows where a weight-streaming GEMV kernel
   (rtp_llm/cpp/ops/skinny_linear.cc) is faster; its plain copy stays (the tied embedding needs it);
 - RMSNorm, residual add + RMSNorm and RoPE: one C++ op each (rtp_llm/cpp/ops/fused_norm_rotary.cc)
-  instead of 6-12 aten ops, whose dispatch dominates them at decode batch sizes;
+  instead of 6-12 aten ops, whose dispatch dominates them at decode batch sizes (float32 and bfloat16);
 - top-k/top-p: the C++ twin of the operator (rtp_llm/cpp/ops/top_k_top_p.cc), bit-identical masks
   without sorting the vocabulary (benchmarks/top_k_top_p.py)."""
 
@@ -31,6 +31,8 @@ class CpuOps(TorchOps):
     # bf16: oneDNN uses the CPU's bf16 dot-product instructions with fp32 accumulation (about 2x fp32 at 32 rows
     # on avx512_bf16 here).
     PACKED_DTYPES = (torch.float32, torch.bfloat16)
+    # The fused norm / RoPE kernels: float32 math, bf16 rounded where the reference rounds.
+    FUSED_DTYPES = (torch.float32, torch.bfloat16)
 
     def __init__(self):
         from rtp_llm._native import ops
@@ -75,17 +77,17 @@ class CpuOps(TorchOps):
         return super().lm_head(h, weight)
 
     def rms_norm(self, x, weight, eps):
-        if x.dtype == torch.float32 == weight.dtype:
+        if x.dtype == weight.dtype and x.dtype in self.FUSED_DTYPES:
             return self._kernels.rms_norm(x.contiguous(), weight, eps)
         return super().rms_norm(x, weight, eps)
 
     def add_rms_norm(self, x, residual, weight, eps):
-        if x.dtype == torch.float32 == residual.dtype == weight.dtype:
+        if x.dtype == residual.dtype == weight.dtype and x.dtype in self.FUSED_DTYPES:
             return self._kernels.add_rms_norm(x.contiguous(), residual.contiguous(), weight, eps)
         return super().add_rms_norm(x, residual, weight, eps)
 
     def rotary(self, q, k, cos, sin):
-        if q.dtype == torch.float32 == k.dtype == cos.dtype:
+        if q.dtype == k.dtype == cos.dtype == sin.dtype and q.dtype in self.FUSED_DTYPES:
             return self._kernels.rotary(q, k, cos.contiguous(), sin.contiguous())
         return super().rotary(q, k, cos, sin)
 
