@@ -90,11 +90,13 @@ class Transformers:
         return out[:, ids.shape[1]:].tolist(), total, {}
 
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def vllm_environment() -> tuple[str, dict]:
     """(the vLLM venv's python, the environment to run vLLM in): tcmalloc and the venv's Intel OpenMP
     preloaded, OpenMP threads bound to every core (by default vLLM keeps one core for itself), 1 GiB KV."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    venv = os.environ.get("RTP_LLM_VLLM_VENV", os.path.join(root, ".venv-vllm"))
+    venv = os.environ.get("RTP_LLM_VLLM_VENV", os.path.join(_ROOT, ".venv-vllm"))
     python = os.path.join(venv, "bin", "python")
     if not os.path.exists(python):
         raise SystemExit(f"no vLLM venv at {venv}: run `bash benchmarks/peers/setup_vllm.sh` first")
@@ -106,23 +108,16 @@ def vllm_environment() -> tuple[str, dict]:
     return python, env
 
 
-class VLLM:
-    """vLLM's CPU build in its own venv (benchmarks/peers/setup_vllm.sh), driven over a pipe by
-    benchmarks/peers/vllm_peer.py on the float32 Hugging Face export of the same weights. Run as the issue
-    prescribes for this machine: tcmalloc and the venv's Intel OpenMP preloaded, OpenMP threads bound to
-    every core (VLLM_CPU_OMP_THREADS_BIND=0-N; by default vLLM keeps one core for itself)."""
-    name = "vllm"
+class PipePeer:
+    """A peer engine in its own venv, driven over a pipe by one of benchmarks/peers/*_peer.py: one JSON job per
+    input line, one RESULT_MARK-prefixed JSON result line per job (peers may log to stdout too)."""
+    name = "peer"
 
-    def __init__(self, dtype: str = "float32"):
+    def __init__(self, argv: list[str], env: dict):
         import subprocess
 
-        from benchmarks.peers.export_hf import export
-
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        python, env = vllm_environment()
-        self.proc = subprocess.Popen([python, os.path.join(root, "benchmarks", "peers", "vllm_peer.py"), export(),
-                                      "--dtype", dtype], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                                     text=True, bufsize=1)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
+                                     bufsize=1)
         self._read()
 
     def _read(self) -> dict:
@@ -133,7 +128,7 @@ class VLLM:
         for line in self.proc.stdout:
             if line.startswith(RESULT_MARK):
                 return json.loads(line[len(RESULT_MARK):])
-        raise SystemExit(f"the vLLM peer exited with {self.proc.wait()}")
+        raise SystemExit(f"the {self.name} peer exited with {self.proc.wait()}")
 
     def close(self) -> None:
         """End of input ends the peer; its shutdown logs are drained so it never writes to a closed pipe."""
@@ -148,3 +143,36 @@ class VLLM:
         self.proc.stdin.write(json.dumps({"prompts": prompts, "new_tokens": new_tokens}) + "\n")
         res = self._read()
         return res["tokens"], res["seconds"], {"ttft_s": res.get("ttft_s")}
+
+
+class VLLM(PipePeer):
+    """vLLM's CPU build in its own venv (benchmarks/peers/setup_vllm.sh), driven by
+    benchmarks/peers/vllm_peer.py on the float32 Hugging Face export of the same weights. Run as the issue
+    prescribes for this machine: tcmalloc and the venv's Intel OpenMP preloaded, OpenMP threads bound to
+    every core (VLLM_CPU_OMP_THREADS_BIND=0-N; by default vLLM keeps one core for itself)."""
+    name = "vllm"
+
+    def __init__(self, dtype: str = "float32"):
+        from benchmarks.peers.export_hf import export
+
+        python, env = vllm_environment()
+        super().__init__([python, os.path.join(_ROOT, "benchmarks", "peers", "vllm_peer.py"), export(),
+                          "--dtype", dtype], env)
+
+
+class LlamaCpp(PipePeer):
+    """llama.cpp built from source (benchmarks/peers/setup_llamacpp.sh), driven through llama-cpp-python by
+    benchmarks/peers/llamacpp_peer.py on f32 / bf16 GGUF copies of the same weights (dequantized from the
+    packaged Q4_1 file by llama-quantize), all cores, batched decoding with one sequence per prompt."""
+    name = "llamacpp"
+
+    def __init__(self, dtype: str = "float32"):
+        d = os.environ.get("RTP_LLM_LLAMACPP_DIR", os.path.join(_ROOT, ".venv-llamacpp"))
+        model = os.path.join(d, "model-f32.gguf" if dtype == "float32" else "model-bf16.gguf")
+        python = os.path.join(d, "bin", "python")
+        if not (os.path.exists(python) and os.path.exists(model)):
+            raise SystemExit(f"no llama.cpp peer at {d}: run `bash benchmarks/peers/setup_llamacpp.sh` first")
+        env = dict(os.environ, LLAMA_CPP_LIB_PATH=os.path.join(d, "build", "bin"))
+        env.pop("PYTHONPATH", None)
+        super().__init__([python, os.path.join(_ROOT, "benchmarks", "peers", "llamacpp_peer.py"), model,
+                          "--threads", str(os.cpu_count() or 1)], env)

@@ -2,7 +2,8 @@
 
     python -m benchmarks.run --workload W --engines rtp_llm,vllm,transformers --rounds 3 [--json out.json]
 
-vllm needs its venv first: bash benchmarks/peers/setup_vllm.sh.
+Peers with their own environments are created once by a script: vllm by bash benchmarks/peers/setup_vllm.sh
+(~4 minutes), llamacpp by bash benchmarks/peers/setup_llamacpp.sh (~15 minutes, builds llama.cpp from source).
 
 Every engine must produce the same first greedy tokens on the same prompts (checked), so the
 comparison is of equal work. Reported per engine: output tokens/s (median, min, max over rounds),
@@ -17,11 +18,11 @@ import statistics
 
 import torch
 
-from benchmarks.engines import VLLM, RtpLLM, RtpLLMTP2, Transformers
+from benchmarks.engines import VLLM, LlamaCpp, RtpLLM, RtpLLMTP2, Transformers
 from benchmarks.workloads import WORKLOADS
 
 ENGINES = {"rtp_llm": RtpLLM, "rtp_llm_tp2": RtpLLMTP2, "transformers": Transformers, "hf": Transformers,
-           "vllm": VLLM}
+           "vllm": VLLM, "llamacpp": LlamaCpp}
 # Leading greedy tokens that must agree between engines. bf16 kernels round differently from engine to engine
 # and near-ties on random-token prompts flip within a few tokens, so bf16 runs check fewer.
 CHECK_TOKENS = {"float32": 8, "bfloat16": 2}

@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
             num_blocks=args["num_blocks"], kv_cache_memory_gb=args["kv_cache_memory_gb"],
             enable_prefix_caching=args["enable_prefix_caching"], max_queue_len=args["max_queue_len"],
             allow_pickle=args["allow_pickle"], tp_size=args["tp_size"],
-            tp_timeout_s=args["tp_timeout"], tp_heartbeat_timeout_s=args["tp_heartbeat_timeout"])
+            tp_timeout_s=args["tp_timeout"], tp_heartbeat_timeout_s=args["tp_heartbeat_timeout"],
+            cpu_gemv_weights=args["cpu_gemv_weights"])
         if config.tp_size > 1:
             env = launch_env(config.tp_size)
             if env.rank != 0:  # torchrun / multi-machine: this process is a worker, rank 0 serves HTTP

@@ -51,8 +51,9 @@ class Device(ABC):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
 
-    def ops(self) -> Any:
-        """The fused-op set the model graph calls (norms, rotary, activation, top-k/top-p)."""
+    def ops(self, config=None) -> Any:
+        """The fused-op set the model graph calls (norms, rotary, activation, top-k/top-p); config: the
+        EngineConfig, for device-specific choices."""
         from rtp_llm.layers.ops import TorchOps
 
         return TorchOps()

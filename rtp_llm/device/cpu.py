@@ -24,7 +24,7 @@ class CpuDevice(Device):
         # Ranks on one machine share its cores; oversubscribed OpenMP pools would fight over them.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
 
-    def ops(self):
+    def ops(self, config=None):
         from rtp_llm.device.cpu_ops import CpuOps
 
-        return CpuOps()
+        return CpuOps(gemv_weights=config.cpu_gemv_weights if config is not None else "auto")

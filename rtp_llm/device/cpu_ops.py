@@ -2,14 +2,20 @@
 - linear layers: weights repacked once, at load, into oneDNN's blocked layout and multiplied with
   oneDNN's fp32 matmul (the kernel family vLLM's CPU backend uses). Against F.linear (MKL, which packs
   the weight on every call), on SmolLM2's shapes here (benchmarks/cpu_linear.py): 2-3.7x at 4 rows,
-  1.2-1.5x at 32 rows, 1.1-1.2x at 4096 rows; the plain copies are released, so weights are not held twice.
-  bfloat16 models (--dtype bfloat16) are packed too: bf16 dot products with fp32 accumulation;
-- the LM head: packed the same way, except on 1-2 rows where a weight-streaming GEMV kernel
-  (rtp_llm/cpp/ops/skinny_linear.cc) is faster; its plain copy stays (the tied embedding needs it);
+  1.2-1.5x at 32 rows, 1.1-1.2x at 4096 rows. bfloat16 models (--dtype bfloat16) are packed too: bf16
+  dot products with fp32 accumulation;
+- steps of 1-2 rows (batch-1/2 decode) are pure weight streaming, where oneDNN's packed matmul reaches
+  ~22 GB/s here and a plain-layout GEMV kernel (rtp_llm/cpp/ops/skinny_linear.cc) ~33 GB/s: with
+  gemv_weights on, the plain copies stay beside the packed ones for that kernel (the weights' memory
+  twice); off, they are released. auto keeps them when they fit in a quarter of the available memory;
+- the LM head: packed the same way, the GEMV kernel on 1-2 rows; its plain copy always stays (the
+  tied embedding needs it);
 - RMSNorm, residual add + RMSNorm and RoPE: one C++ op each (rtp_llm/cpp/ops/fused_norm_rotary.cc)
   instead of 6-12 aten ops, whose dispatch dominates them at decode batch sizes (float32 and bfloat16);
 - top-k/top-p: the C++ twin of the operator (rtp_llm/cpp/ops/top_k_top_p.cc), bit-identical masks
   without sorting the vocabulary (benchmarks/top_k_top_p.py)."""
+
+import os
 
 import torch
 
@@ -24,7 +30,7 @@ def _onednn_available() -> bool:
 class CpuOps(TorchOps):
     name = "cpu"
 
-    # Up to this many rows the GEMV kernel beats the packed GEMM on the LM head (batch-1/2 decode).
+    # Up to this many rows the GEMV kernel beats the packed GEMM (batch-1/2 decode; 4 rows: packed 1.6x faster).
     SKINNY_ROWS = 2
     # oneDNN's reorder takes the expected row count as a hint for the blocked format; any count works.
     PACK_ROWS_HINT = 32
@@ -34,22 +40,37 @@ class CpuOps(TorchOps):
     # The fused norm / RoPE kernels: float32 math, bf16 rounded where the reference rounds.
     FUSED_DTYPES = (torch.float32, torch.bfloat16)
 
-    def __init__(self):
+    # auto keeps the plain copies when they take at most this share of the available memory.
+    GEMV_MEMORY_SHARE = 0.25
+
+    def __init__(self, gemv_weights: str = "auto"):
         from rtp_llm._native import ops
 
+        if gemv_weights not in ("auto", "on", "off"):
+            raise ValueError(f"gemv_weights must be auto, on or off, got {gemv_weights!r}")
         self._kernels = ops()
+        self._gemv_weights = gemv_weights
+        self.keeps_plain_weights = False  # decided in prepare()
         self._packed: dict[int, torch.Tensor] = {}  # id(weight parameter) -> blocked copy
+
+    def _keep_plain(self, plain_bytes: int) -> bool:
+        if self._gemv_weights != "auto":
+            return self._gemv_weights == "on"
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return plain_bytes <= self.GEMV_MEMORY_SHARE * available
 
     def prepare(self, model) -> None:
         """Called once after the weights are loaded."""
         if not _onednn_available():
             return
-        for layer in model.layers:
-            for name in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
-                w = getattr(layer, name)
-                if w.dtype in self.PACKED_DTYPES and w.dim() == 2 and w.numel():
-                    self._packed[id(w)] = torch.ops.mkldnn._reorder_linear_weight(w.data, self.PACK_ROWS_HINT)
-                    w.data = torch.empty(0, dtype=w.dtype)  # the blocked copy replaces it
+        weights = [w for layer in model.layers
+                   for w in (layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight)
+                   if w.dtype in self.PACKED_DTYPES and w.dim() == 2 and w.numel()]
+        self.keeps_plain_weights = self._keep_plain(sum(w.numel() * w.element_size() for w in weights))
+        for w in weights:
+            self._packed[id(w)] = torch.ops.mkldnn._reorder_linear_weight(w.data, self.PACK_ROWS_HINT)
+            if not self.keeps_plain_weights:
+                w.data = torch.empty(0, dtype=w.dtype)  # the blocked copy replaces it
         head = model.embed if model.lm_head is None else model.lm_head
         if head.dtype in self.PACKED_DTYPES:
             self._packed[id(head)] = torch.ops.mkldnn._reorder_linear_weight(head.data, self.PACK_ROWS_HINT)
@@ -59,17 +80,20 @@ class CpuOps(TorchOps):
         y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]).contiguous(), packed, bias, "none", [], "")
         return y.reshape(*shape[:-1], y.shape[-1])
 
+    def _gemv(self, x, weight) -> bool:
+        return (x.dim() == 2 and x.shape[0] <= self.SKINNY_ROWS and weight.numel() > 0
+                and x.dtype == weight.dtype and x.dtype in self.PACKED_DTYPES)
+
     def linear(self, x, weight, bias=None):
+        if self._gemv(x, weight):
+            return self._kernels.skinny_linear(x, weight, bias)
         packed = self._packed.get(id(weight))
         if packed is not None and x.dtype == packed.dtype:
             return self._packed_linear(x, packed, bias)
-        if x.dim() == 2 and x.shape[0] <= self.SKINNY_ROWS and x.dtype == torch.float32 == weight.dtype:
-            out = self._kernels.skinny_linear(x, weight)
-            return out if bias is None else out + bias
         return super().linear(x, weight, bias)
 
     def lm_head(self, h, weight):
-        if h.shape[0] <= self.SKINNY_ROWS and h.dtype == torch.float32 == weight.dtype:
+        if self._gemv(h, weight):
             return self._kernels.skinny_linear(h, weight)
         packed = self._packed.get(id(weight))
         if packed is not None and h.dtype == packed.dtype:

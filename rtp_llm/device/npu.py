@@ -60,7 +60,7 @@ class NpuDevice(Device):
             raise ValueError(f"block_size {block_size} is not supported on NPU: npu_fused_infer_attention_score "
                              f"needs a multiple of 128 up to 512 for prefill ({self.VALID_BLOCK_SIZES})")
 
-    def ops(self):
+    def ops(self, config=None):
         from rtp_llm.device.npu_ops import NpuOps
 
         return NpuOps()

@@ -47,7 +47,7 @@ def run_worker(config: EngineConfig, env: LaunchEnv) -> int:
         block_size = resolve_block_size(config, device)
         path = config.model or default_model_path()
         model, cfg = load_model(path, config.model_type, config.dtype, device.torch_device,
-                                allow_pickle=config.allow_pickle, ops=device.ops(), tp=tp)
+                                allow_pickle=config.allow_pickle, ops=device.ops(config), tp=tp)
         num_blocks = tp.all_reduce_min(kv_block_count(config, model.shard.num_kv_heads, cfg, model.dtype,
                                                       block_size, device))
         runner = ModelRunner(model, cfg, num_blocks, block_size,

@@ -79,12 +79,32 @@ def test_kernel_rejects_bad_arguments():
         ops().paged_decode_attention(q, k, k, torch.zeros(1, 2, dtype=torch.int32), torch.tensor([40]), 1.0)
 
 
-def test_skinny_linear_matches_the_blas_gemm():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("block_size,dim", [(16, 64), (12, 64), (8, 40), (4, 128)])
+@pytest.mark.parametrize("heads,kv_heads", [(2, 1), (6, 3), (5, 1), (12, 2), (3, 3)])
+def test_decode_kernel_paths_against_float64(dtype, block_size, dim, heads, kv_heads):
+    """Every path of the kernel against a float64 softmax over the gathered rows: the AVX2 path (head_dim a
+    multiple of 8) with each query-group size it specialises (1-4 heads per pass, and 5-6 split into passes),
+    the scalar path (head_dim 40), power-of-two and other block sizes (a shift or a division per token),
+    lengths that leave tails after the 8-key and 16-token tiles, batches below and above the thread count."""
     from rtp_llm._native import ops
 
-    g = torch.Generator().manual_seed(5)
-    for m, n, k in ((1, 960, 576), (3, 49152, 64), (4, 7, 13), (8, 5, 1536)):
-        x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
-        assert torch.allclose(ops().skinny_linear(x, w), x @ w.t(), atol=1e-4)
-    with pytest.raises(RuntimeError, match="at most 8 rows"):
-        ops().skinny_linear(torch.zeros(9, 4), torch.zeros(3, 4))
+    g = torch.Generator().manual_seed(block_size * 1000 + dim + heads)
+    lens = torch.tensor([1, 7, 8, 9, 17, 33, 130][: (2 if heads == 5 else 7)])
+    width = (int(lens.max()) + block_size - 1) // block_size
+    nb = len(lens) * width + 3
+    table = torch.randperm(nb, generator=g)[: len(lens) * width].to(torch.int32).reshape(len(lens), width)
+    k = torch.randn(nb, block_size, kv_heads, dim, generator=g).to(dtype)
+    v = torch.randn(nb, block_size, kv_heads, dim, generator=g).to(dtype)
+    q = torch.randn(len(lens), heads, dim, generator=g).to(dtype)
+    scale = dim ** -0.5
+    out = ops().paged_decode_attention(q, k, v, table, lens, scale)
+    group = heads // kv_heads
+    for b, n in enumerate(lens.tolist()):
+        slots = [int(table[b, j // block_size]) * block_size + j % block_size for j in range(n)]
+        K = k.reshape(-1, kv_heads, dim)[slots].double()
+        V = v.reshape(-1, kv_heads, dim)[slots].double()
+        for h in range(heads):
+            w = torch.softmax(K[:, h // group] @ q[b, h].double() * scale, 0)
+            tol = 1e-5 if dtype == torch.float32 else 2e-2  # 16-bit outputs: one rounding of the result
+            torch.testing.assert_close(out[b, h].double(), w @ V[:, h // group], atol=tol, rtol=tol)

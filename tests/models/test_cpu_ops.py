@@ -32,18 +32,43 @@ class _Model(torch.nn.Module):
         self.lm_head = None
 
 
+def test_skinny_linear_matches_float64():
+    from rtp_llm._native import ops
+
+    g = torch.Generator().manual_seed(5)
+    for m, n, k in ((1, 960, 576), (2, 49152, 64), (4, 7, 13), (8, 5, 1536)):
+        x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+        ref = x.double() @ w.double().t()
+        torch.testing.assert_close(ops().skinny_linear(x, w).double(), ref, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(ops().skinny_linear(x, w, b).double(), ref + b.double(), atol=1e-4, rtol=1e-5)
+        xb, wb = x.bfloat16(), w.bfloat16()  # bf16 products are exact in fp32: one rounding at the end
+        out = ops().skinny_linear(xb, wb)
+        ref = xb.double() @ wb.double().t()
+        assert out.dtype == torch.bfloat16
+        assert ((out.double() - ref).abs() / ref.abs().clamp_min(1.0)).max().item() < 2 ** -7
+    with pytest.raises(RuntimeError, match="at most 8 rows"):
+        ops().skinny_linear(torch.zeros(9, 4), torch.zeros(3, 4))
+    with pytest.raises(RuntimeError, match="both be float32 or both bfloat16"):
+        ops().skinny_linear(torch.zeros(1, 4), torch.zeros(3, 4).bfloat16())
+
+
+@pytest.mark.parametrize("gemv_weights", ["off", "on"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 32, 333, 2048])
-def test_packed_linear_matches_float64(rows):
+def test_packed_linear_matches_float64(rows, gemv_weights):
+    """Every row count gives the float64 products, whichever kernel serves it: the GEMV kernel on 1-2 rows
+    when the plain copies are kept, the packed GEMM otherwise; with the copies off they are released."""
     torch.manual_seed(rows)
     model = _Model(96, 80)
     plain = {n: getattr(model.layers[0], n).detach().clone() for n in ("qkv_weight", "down_weight")}
     head = model.embed.detach().clone()
-    ops = CpuOps()
+    ops = CpuOps(gemv_weights=gemv_weights)
     ops.prepare(model)
+    assert ops.keeps_plain_weights == (gemv_weights == "on")
     x, bias = torch.randn(rows, 80), torch.randn(96)
     for name, w in plain.items():
         packed_w = getattr(model.layers[0], name)
-        assert packed_w.numel() == 0  # released: the blocked copy is the only one
+        # off: released, the blocked copy is the only one; on: the plain copy stays for the GEMV kernel
+        assert packed_w.numel() == (w.numel() if gemv_weights == "on" else 0)
         ref = x.double() @ w.double().t() + bias.double()
         torch.testing.assert_close(ops.linear(x, packed_w, bias).double(), ref, atol=1e-4, rtol=1e-5)
         x3 = x.reshape(1, rows, 80)
@@ -124,16 +149,18 @@ def test_prepared_model_logits_equal_the_plain_model(tmp_path, variant, dtype):
     make_checkpoint(tmp_path, variant)
     plain, cfg = load_model(str(tmp_path), ops=TorchOps(), dtype=dtype)
     packed, _ = load_model(str(tmp_path), ops=CpuOps(), dtype=dtype)
-    assert packed.layers[0].qkv_weight.numel() == 0
+    assert packed.ops.keeps_plain_weights  # auto, for a tiny model: the GEMV kernel serves 1-2 row steps
     tokens = [list(range(3, 40)), list(range(50, 55))]
     slots = [list(range(0, 37)), list(range(48, 53))]
     table = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [6, 7, 8, 9, 0, 0, 0, 0, 0, 0]], dtype=torch.int32)
     batch = ForwardBatch.build(tokens, [0, 0], slots, table.numpy(), 8)
+    # then a decode step of 2 rows, which the GEMV kernel serves in every linear layer
+    step = ForwardBatch.build([[40], [55]], [37, 5], [[37], [53]], table.numpy(), 8)
     outs = []
     for model in (plain, packed):
         kv = KVBuffer(cfg.num_layers, 12, 8, cfg.num_kv_heads, cfg.head_dim, dtype=getattr(torch, dtype))
         attn = get_backend("torch_ref")(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5, 8)
-        outs.append(model(copy.copy(batch), kv, attn).float())
+        outs.append(torch.cat([model(copy.copy(batch), kv, attn).float(), model(copy.copy(step), kv, attn).float()]))
     if dtype == "float32":
         torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=0)
     else:  # bf16 GEMMs: same fp32 accumulation, another summation order; bf16 activations amplify that
@@ -151,7 +178,7 @@ def test_packed_bf16_linear_accumulates_in_fp32(rows):
         p = getattr(model.layers[0], n)
         p.data = p.data.bfloat16()
     w = model.layers[0].down_weight.detach().clone()
-    ops = CpuOps()
+    ops = CpuOps(gemv_weights="off")
     ops.prepare(model)
     x = torch.randn(rows, 1536).bfloat16()
     out = ops.linear(x, model.layers[0].down_weight)
