@@ -138,6 +138,24 @@ def test_fused_ops_round_bf16_where_the_reference_does(tokens, heads):
         ops._kernels.rms_norm(x, w.float(), eps)  # mixed dtypes are refused, not reinterpreted
 
 
+@pytest.mark.parametrize("shape", [(1, 2 * 1536), (37, 2 * 20), (3, 5, 2 * 64)])
+def test_silu_and_mul_equals_the_reference(shape):
+    """float32 within float32 rounding of F.silu(gate) * up (another exp implementation); bfloat16 rounded
+    where the two aten ops round, so at most one bf16 unit apart (an exp 1 ulp off can cross a boundary);
+    tails of rows that are not a multiple of 8 (20) take the scalar loop."""
+    torch.manual_seed(shape[0])
+    ops, ref = CpuOps(), TorchOps()
+    x = torch.randn(*shape) * 4
+    x.view(-1)[:4] = torch.tensor([-100.0, 100.0, 0.0, -20.0])  # saturated exp, exact zero
+    torch.testing.assert_close(ops.silu_and_mul(x), ref.silu_and_mul(x), atol=1e-6, rtol=1e-6)
+    xb = x.bfloat16()
+    got, want = ops.silu_and_mul(xb), ref.silu_and_mul(xb)
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    tiny = want.float().abs() < 1e-30  # silu(-100): both ~0 (the vector exp saturates at e^88)
+    assert (got.float()[tiny].abs() < 1e-30).all()
+    assert _bf16_ulps(got[~tiny], want[~tiny]).max().item() <= 1 and (got == want).float().mean().item() > 0.99
+
+
 @pytest.mark.parametrize("variant,dtype", [("llama_gqa4_tied_attnbias", "float32"),
                                            ("qwen3_gqa2_headdim32_untied", "float32"),
                                            ("llama_gqa4_tied_attnbias", "bfloat16")])

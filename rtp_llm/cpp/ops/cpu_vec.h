@@ -1,5 +1,5 @@
 // AVX2 building blocks shared by the CPU kernels: 8-lane loads of float32 / bfloat16 / float16 into
-// float32, horizontal sums, and a vectorised exp. Compiled with -mavx2 -mfma -mf16c (rtp_llm/cpp/ops/BUILD);
+// float32 and stores back (round-to-nearest-even), horizontal sums, and a vectorised exp. Compiled with -mavx2 -mfma -mf16c (rtp_llm/cpp/ops/BUILD);
 // kernels keep a scalar fallback under #ifndef __AVX2__.
 #pragma once
 
@@ -21,6 +21,29 @@ inline __m256 load8(const c10::BFloat16* p) {
 
 inline __m256 load8(const c10::Half* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+
+// fp32 -> bf16 with round-to-nearest-even, as c10::BFloat16 does (NaN payloads aside).
+inline void store8(c10::BFloat16* p, __m256 v) {
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+
+inline void store8(c10::Half* p, __m256 v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+
+// x rounded to T's precision and back (the identity for float).
+inline __m256 round_to(__m256 x, const float*) { return x; }
+inline __m256 round_to(__m256 x, const c10::BFloat16*) {
+    alignas(32) c10::BFloat16 tmp[8];
+    store8(tmp, x);
+    return load8(tmp);
 }
 
 inline float hsum(__m256 v) {
