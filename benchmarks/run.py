@@ -7,9 +7,9 @@ Peers with their own environments are created once by a script: vllm by bash ben
 
 Every engine must produce the same first 8 greedy tokens on the same prompts in float32 (checked), so the
 comparison is of equal work; in bfloat16 each engine's first token must be one of the float32 transformers
-near-ties (engines round bf16 differently and the random-token prompts have near-flat logits). Reported per engine: output tokens/s (median, min, max over rounds),
-time per output token after the first (TPOT, the decode rate: (total - TTFT) / (tokens - 1)), and
-same-round ratios against the first peer.
+near-ties (engines round bf16 differently and the random-token prompts have near-flat logits).
+Reported per engine: output tokens/s (median, min, max over rounds), time per output token after the
+first (TPOT, the decode rate: (total - TTFT) / (tokens - 1)), and same-round ratios against the first peer.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """Serving benchmark against the HTTP server, like vLLM's: Poisson arrivals at a few request rates;
 TTFT, TPOT and end-to-end latency p50/p99 per rate.
 
-    python -m benchmarks.serving [--rates 0.5 1 2] [--requests 24] [--servers rtp_llm,vllm]
+    python -m benchmarks.serving [--rates 0.5 1 2] [--requests 24] [--repeats 1] [--servers rtp_llm,vllm]
                                  [--url http://127.0.0.1:8000] [--json out.json] [--png out.png]
 
-Without --url it starts each server of --servers on a free port in turn (rtp_llm: `python -m
-rtp_llm.start_server` on the embedded model; vllm: vLLM's OpenAI server from its venv, see
-benchmarks/peers/setup_vllm.sh, on the float32 export of the same weights), runs every rate, and stops it.
-Each request: a 128-token prompt (token ids, fixed seed), 64 new tokens, EOS ignored, streamed through
-/v1/completions. The servers run one after the other (two on 2 cores would measure each other).
+Without --url it starts every server of --servers on a free port (rtp_llm: `python -m rtp_llm.start_server`
+on the embedded model; vllm: vLLM's OpenAI server from its venv, see benchmarks/peers/setup_vllm.sh, on the
+float32 export of the same weights), then runs each rate on each server in alternating order (the others
+idle: two loaded servers on 2 cores would measure each other), and stops them. Each request: a 128-token
+prompt (token ids, fixed seed), 64 new tokens, EOS ignored, streamed through /v1/completions.
 """
 
 from __future__ import annotations
@@ -91,19 +91,13 @@ def _start_server(kind: str):
     raise SystemExit(f"the {kind} server did not start")
 
 
-def _run_rates(url, rates, prompts, new_tokens):
-    asyncio.run(_rate(url, 10.0, prompts[:2], 4, 0))  # warm-up
-    results = []
-    for rate in rates:
-        rows = asyncio.run(_rate(url, rate, prompts, new_tokens, seed=int(rate * 1000)))
-        summary = {"rate": rate}
-        for key in ("ttft", "tpot", "e2e"):
-            vals = [r[key] for r in rows]
-            summary[f"{key}_p50_s"] = round(statistics.median(vals), 4)
-            summary[f"{key}_p99_s"] = round(_pct(vals, 0.99), 4)
-        results.append(summary)
-        print(json.dumps(summary), flush=True)
-    return results
+def _summarise(rate, rows) -> dict:
+    summary = {"rate": rate}
+    for key in ("ttft", "tpot", "e2e"):
+        vals = [r[key] for r in rows]
+        summary[f"{key}_p50_s"] = round(statistics.median(vals), 4)
+        summary[f"{key}_p99_s"] = round(_pct(vals, 0.99), 4)
+    return summary
 
 
 def main():
@@ -111,22 +105,38 @@ def main():
     ap.add_argument("--rates", type=float, nargs="+", default=[0.5, 1.0, 2.0])
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=1, help="runs per (server, rate); the median run is reported")
     ap.add_argument("--url", help="an already running server (instead of --servers)")
     ap.add_argument("--servers", default="rtp_llm", help="comma-separated: rtp_llm, vllm")
     ap.add_argument("--json")
     ap.add_argument("--png")
     args = ap.parse_args()
     prompts = Workload("serving", args.requests, 128, args.new_tokens).prompts()
-    all_results = {}
-    for kind in ([args.url] if args.url else [k.strip() for k in args.servers.split(",") if k.strip()]):
-        proc, url = (None, kind) if args.url else _start_server(kind)
-        print(f"# {kind}", flush=True)
-        try:
-            all_results[kind] = _run_rates(url, args.rates, prompts, args.new_tokens)
-        finally:
+    kinds = [args.url] if args.url else [k.strip() for k in args.servers.split(",") if k.strip()]
+    # Every server is started first and stays up, idle, while another is measured; each rate then runs on
+    # every server in alternating order, so slow drifts of a shared machine do not land on one server.
+    servers = {}
+    try:
+        for kind in kinds:
+            servers[kind] = (None, kind) if args.url else _start_server(kind)
+            asyncio.run(_rate(servers[kind][1], 10.0, prompts[:2], 4, 0))  # warm-up
+        runs = {k: {rate: [] for rate in args.rates} for k in kinds}
+        for i, rate in enumerate(args.rates):
+            for rep in range(args.repeats):
+                order = kinds if (i + rep) % 2 == 0 else kinds[::-1]
+                for kind in order:
+                    time.sleep(1.0)  # the previous server's threads go idle
+                    rows = asyncio.run(_rate(servers[kind][1], rate, prompts, args.new_tokens, seed=int(rate * 1000)))
+                    runs[kind][rate].append(_summarise(rate, rows))
+                    print(f"# {kind} " + json.dumps(runs[kind][rate][-1]), flush=True)
+    finally:
+        for proc, _ in servers.values():
             if proc is not None:
                 proc.terminate()
                 proc.wait(60)
+    # the run with the median p99 TTFT per (server, rate)
+    all_results = {k: [sorted(rs, key=lambda r: r["ttft_p99_s"])[len(rs) // 2] for rs in runs[k].values()]
+                   for k in kinds}
     results = all_results
     if args.json:
         with open(args.json, "w") as f:

@@ -14,7 +14,6 @@ kept otherwise (f16 KV cache, flash attention on auto), as a user would run it.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import sys

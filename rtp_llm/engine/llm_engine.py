@@ -71,8 +71,8 @@ class LLMEngine:
         tp = self.tp_runtime.tp if self.tp_runtime else None
         if model is None:
             model, model_config = load_model(path, config.model_type, config.dtype, self.device.torch_device,
-                                             allow_pickle=config.allow_pickle, progress=True, ops=self.device.ops(config),
-                                             tp=tp)
+                                             allow_pickle=config.allow_pickle, progress=True,
+                                             ops=self.device.ops(config), tp=tp)
         self.model, self.model_config = model, model_config
         self.tokenizer = tokenizer or Tokenizer.load(config.tokenizer or path)
         mc = model_config

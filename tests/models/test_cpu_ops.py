@@ -120,7 +120,7 @@ def test_fused_ops_round_bf16_where_the_reference_does(tokens, heads):
     from rtp_llm.layers.rotary import RotaryEmbedding, apply_rotary
 
     torch.manual_seed(100 + tokens)
-    ops, ref, d, eps = CpuOps(), TorchOps(), 64, 1e-5
+    ops, d, eps = CpuOps(), 64, 1e-5
     qkv = torch.randn(tokens, (heads + 2) * d).bfloat16()
     q, k = qkv[:, :heads * d].reshape(tokens, heads, d), qkv[:, heads * d:(heads + 1) * d].reshape(tokens, 1, d)
     pos = torch.randint(0, 4000, (tokens,))
