@@ -49,8 +49,7 @@ class AsyncEngine:
                     self._wake.wait(0.05)
                     self._wake.clear()
                     continue
-                for out in self.engine.step():
-                    self._deliver(out.request_id, out)
+                self._deliver_step(self.engine.step())
         except BaseException as exc:  # the engine itself broke: fail every stream, refuse new work
             log.exception("engine loop died")
             self.fail(exc)
@@ -83,6 +82,17 @@ class AsyncEngine:
                     done(exc)
             elif kind == "abort":
                 self.engine.abort(args)
+
+    def _deliver_step(self, outs) -> None:
+        """A step's outputs in one event-loop callback per loop: one wake-up of the asyncio thread per step
+        rather than one per sequence, so it takes the GIL from this thread once, not batch-size times."""
+        batches: dict = {}
+        for out in outs:
+            entry = self._streams.get(out.request_id)
+            if entry is not None:
+                batches.setdefault(entry[0], []).append((entry[1], out))
+        for loop, items in batches.items():
+            loop.call_soon_threadsafe(_put_all, items)
 
     def _deliver(self, rid: str, item) -> None:
         entry = self._streams.get(rid)
@@ -141,6 +151,11 @@ class AsyncEngine:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout)
+
+
+def _put_all(items) -> None:
+    for q, item in items:
+        q.put_nowait(item)
 
 
 class RequestStream:

@@ -28,10 +28,10 @@ def _batch(block_size, q_lens, ctx_lens):
 
 @pytest.mark.parametrize("block_size", [1, 16, 128])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (9, 3)])
-@pytest.mark.parametrize("shape", ["decode", "mixed", "prefill"])
+@pytest.mark.parametrize("shape", ["decode", "mixed", "prefill", "fresh_uniform"])
 def test_cpu_backend_matches_torch_ref(block_size, heads, kv_heads, shape):
     q_lens, ctx = {"decode": ([1, 1, 1], [5, 40, 130]), "mixed": ([1, 7, 1, 3], [9, 0, 200, 17]),
-                   "prefill": ([6, 2], [0, 31])}[shape]
+                   "prefill": ([6, 2], [0, 31]), "fresh_uniform": ([5, 5, 5], [0, 0, 0])}[shape]
     batch, nb = _batch(block_size, q_lens, ctx)
     g = torch.Generator().manual_seed(block_size + heads)
     d = 64
