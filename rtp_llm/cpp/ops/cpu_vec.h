@@ -1,15 +1,31 @@
-// AVX2 building blocks shared by the CPU kernels: 8-lane loads of float32 / bfloat16 / float16 into
-// float32 and stores back (round-to-nearest-even), horizontal sums, and a vectorised exp. Compiled with -mavx2 -mfma -mf16c (rtp_llm/cpp/ops/BUILD);
-// kernels keep a scalar fallback under #ifndef __AVX2__.
+// Vector building blocks shared by the CPU kernels: a portable dot product, and with AVX2 8-lane loads of
+// float32 / bfloat16 / float16 into float32 and stores back (round-to-nearest-even), horizontal sums and a
+// vectorised exp. Compiled with -mavx2 -mfma -mf16c (rtp_llm/cpp/ops/BUILD); kernels keep a scalar path
+// for machines or shapes the AVX2 code does not cover.
 #pragma once
 
-#ifdef __AVX2__
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+
+#include <cstdint>
+
+#ifdef __AVX2__
 #include <immintrin.h>
+#endif
 
 namespace rtp_llm {
 namespace vec {
+
+// sum_i a[i] * b[i] in float32 (the compiler vectorises the reduction).
+template <typename T>
+inline float dot(const T* a, const float* b, int64_t n) {
+    float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = 0; i < n; ++i) acc += static_cast<float>(a[i]) * b[i];
+    return acc;
+}
+
+#ifdef __AVX2__
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 
@@ -82,6 +98,7 @@ inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
 }
 
+#endif  // __AVX2__
+
 }  // namespace vec
 }  // namespace rtp_llm
-#endif  // __AVX2__

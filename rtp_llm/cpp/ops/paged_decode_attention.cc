@@ -23,14 +23,6 @@
 namespace rtp_llm {
 namespace {
 
-template <typename T>
-inline float dot(const T* a, const float* b, int64_t n) {
-    float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t i = 0; i < n; ++i) acc += static_cast<float>(a[i]) * b[i];
-    return acc;
-}
-
 // Block sizes are powers of two in practice (16 on CPU): a shift and a mask, not a 64-bit division per
 // token, which alone cost about as much as the token's arithmetic.
 template <typename T>
@@ -188,7 +180,7 @@ void attend_scalar(const SeqRows<T>& keys, const SeqRows<T>& values, const float
     const int64_t h0 = g0 * group, h1 = g1 * group;
     for (int64_t j = 0; j < len; ++j) {
         const T* r = keys(j);
-        for (int64_t h = h0; h < h1; ++h) scores[h * len + j] = dot(r + (h / group) * dim, qf + h * dim, dim);
+        for (int64_t h = h0; h < h1; ++h) scores[h * len + j] = vec::dot(r + (h / group) * dim, qf + h * dim, dim);
     }
     for (int64_t h = h0; h < h1; ++h) {
         float* s = scores + h * len;
