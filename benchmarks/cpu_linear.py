@@ -2,6 +2,11 @@
 CpuOps uses, and the GEMV kernel on few rows, at SmolLM2's shapes. Same process, alternating, GFLOP/s.
 
     python -m benchmarks.cpu_linear [--rows 1 4 32 4096]
+    python -m benchmarks.cpu_linear --stream [--dtype float32 bfloat16]
+
+The default mode repeats one weight, which then sits in cache. --stream runs the four linear layers of
+30 layers with their own weights (425 MB in fp32), as a decode step does, so the weights stream from
+memory: packed GEMM vs the GEMV kernel at 1-8 rows, ms per 30 layers and weight GB/s.
 """
 
 from __future__ import annotations
@@ -26,10 +31,14 @@ def _time(fn, reps: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 32, 4096])
+    ap.add_argument("--stream", action="store_true", help="30 layers of weights streamed from memory")
+    ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], help="with --stream")
     args = ap.parse_args()
     from rtp_llm._native import ops
 
     kernels = ops()
+    if args.stream:
+        return _stream(kernels, args.dtype)
     print(f"threads {torch.get_num_threads()}")
     for rows in args.rows:
         for name, (k, n) in SHAPES.items():
@@ -45,6 +54,31 @@ def main() -> None:
             if rows <= 4:
                 line += f"  GEMV kernel {flop / _time(lambda: kernels.skinny_linear(x, w), reps):6.1f}"
             print(line + f"  GFLOP/s  (packed / F.linear {t_mkl / t_dnn:.2f}x)", flush=True)
+
+
+def _stream(kernels, dtypes, layers: int = 30) -> None:
+    names = [n for n in SHAPES if n != "lm_head"]
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        weights = [[torch.randn(SHAPES[n][1], SHAPES[n][0]).to(dtype) for n in names] for _ in range(layers)]
+        packed = [[torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in ws] for ws in weights]
+        gb = sum(w.numel() * w.element_size() for ws in weights for w in ws) / 1e9
+        for rows in (1, 2, 4, 8):
+            xs = [torch.randn(rows, SHAPES[n][0]).to(dtype) for n in names]
+
+            def gemv():
+                for ws in weights:
+                    for x, w in zip(xs, ws):
+                        kernels.skinny_linear(x, w)
+
+            def gemm():
+                for ps in packed:
+                    for x, p in zip(xs, ps):
+                        torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
+
+            t_gemv, t_gemm = _time(gemv, 5), _time(gemm, 5)
+            print(f"{name} rows {rows}: GEMV kernel {t_gemv * 1e3:6.2f} ms ({gb / t_gemv:5.1f} GB/s)  "
+                  f"oneDNN packed {t_gemm * 1e3:6.2f} ms ({gb / t_gemm:5.1f} GB/s)", flush=True)
 
 
 if __name__ == "__main__":
