@@ -4,11 +4,12 @@
   the weight on every call), on SmolLM2's shapes here (benchmarks/cpu_linear.py): 2-3.7x at 4 rows,
   1.2-1.5x at 32 rows, 1.1-1.2x at 4096 rows. bfloat16 models (--dtype bfloat16) are packed too: bf16
   dot products with fp32 accumulation;
-- steps of 1-2 rows (batch-1/2 decode) are pure weight streaming, where oneDNN's packed matmul reaches
-  ~22 GB/s here and a plain-layout GEMV kernel (rtp_llm/cpp/ops/skinny_linear.cc) ~33 GB/s: with
+- steps of a few rows (decode of 1-4 sequences) are pure weight streaming, where oneDNN's packed matmul
+  reaches ~22 GB/s here and a plain-layout GEMV kernel (rtp_llm/cpp/ops/skinny_linear.cc) ~30 GB/s
+  (benchmarks/cpu_linear.py --stream: up to 4 rows in fp32, 3 in bf16, where packed catches up): with
   gemv_weights on, the plain copies stay beside the packed ones for that kernel (the weights' memory
   twice); off, they are released. auto keeps them when they fit in a quarter of the available memory;
-- the LM head: packed the same way, the GEMV kernel on 1-2 rows; its plain copy always stays (the
+- the LM head: packed the same way, the GEMV kernel on as few rows; its plain copy always stays (the
   tied embedding needs it);
 - RMSNorm, residual add + RMSNorm and RoPE: one C++ op each (rtp_llm/cpp/ops/fused_norm_rotary.cc)
   instead of 6-12 aten ops, whose dispatch dominates them at decode batch sizes (float32 and bfloat16);
@@ -31,8 +32,9 @@ def _onednn_available() -> bool:
 class CpuOps(TorchOps):
     name = "cpu"
 
-    # Up to this many rows the GEMV kernel beats the packed GEMM (batch-1/2 decode; 4 rows: packed 1.6x faster).
-    SKINNY_ROWS = 2
+    # Up to this many rows the GEMV kernel beats the packed GEMM on weights streamed from memory
+    # (benchmarks/cpu_linear.py --stream; at 8 rows packed is faster in both dtypes).
+    GEMV_MAX_ROWS = {torch.float32: 4, torch.bfloat16: 3}
     # oneDNN's reorder takes the expected row count as a hint for the blocked format; any count works.
     PACK_ROWS_HINT = 32
     # bf16: oneDNN uses the CPU's bf16 dot-product instructions with fp32 accumulation (about 2x fp32 at 32 rows
@@ -82,8 +84,8 @@ class CpuOps(TorchOps):
         return y.reshape(*shape[:-1], y.shape[-1])
 
     def _gemv(self, x, weight) -> bool:
-        return (x.dim() == 2 and x.shape[0] <= self.SKINNY_ROWS and weight.numel() > 0
-                and x.dtype == weight.dtype and x.dtype in self.PACKED_DTYPES)
+        return (x.dim() == 2 and x.shape[0] <= self.GEMV_MAX_ROWS.get(x.dtype, 0) and weight.numel() > 0
+                and x.dtype == weight.dtype)
 
     def linear(self, x, weight, bias=None):
         if self._gemv(x, weight):

@@ -55,7 +55,7 @@ def test_skinny_linear_matches_float64():
 @pytest.mark.parametrize("gemv_weights", ["off", "on"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 32, 333, 2048])
 def test_packed_linear_matches_float64(rows, gemv_weights):
-    """Every row count gives the float64 products, whichever kernel serves it: the GEMV kernel on 1-2 rows
+    """Every row count gives the float64 products, whichever kernel serves it: the GEMV kernel on 1-4 rows
     when the plain copies are kept, the packed GEMM otherwise; with the copies off they are released."""
     torch.manual_seed(rows)
     model = _Model(96, 80)
@@ -167,7 +167,7 @@ def test_prepared_model_logits_equal_the_plain_model(tmp_path, variant, dtype):
     make_checkpoint(tmp_path, variant)
     plain, cfg = load_model(str(tmp_path), ops=TorchOps(), dtype=dtype)
     packed, _ = load_model(str(tmp_path), ops=CpuOps(), dtype=dtype)
-    assert packed.ops.keeps_plain_weights  # auto, for a tiny model: the GEMV kernel serves 1-2 row steps
+    assert packed.ops.keeps_plain_weights  # auto, for a tiny model: the GEMV kernel serves few-row steps
     tokens = [list(range(3, 40)), list(range(50, 55))]
     slots = [list(range(0, 37)), list(range(48, 53))]
     table = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [6, 7, 8, 9, 0, 0, 0, 0, 0, 0]], dtype=torch.int32)

@@ -1,9 +1,9 @@
 // out = x @ W^T (+ bias) for a few rows x [M <= 8, K] and a plain weight W [N, K]: the decode GEMV of
-// batch-1/2 steps, which is memory-bound: every weight byte is read once per step for very little
+// steps of 1-4 sequences, which is memory-bound: every weight byte is read once per step for very little
 // arithmetic. Splits N across threads (at::parallel_for) and streams four weight rows at a time for all
 // M inputs, four independent FMA chains per input row (one 576-wide dot chain is latency-bound).
 // float32 and bfloat16 weights (bf16 products and fp32 accumulation, rounded once at the end, as torch
-// does). From 4 rows oneDNN's packed GEMM is faster and callers use it (rtp_llm/device/cpu_ops.py).
+// does). From 4-8 rows oneDNN's packed GEMM is faster and callers switch to it (rtp_llm/device/cpu_ops.py).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
