@@ -123,7 +123,7 @@ class PipePeer:
     def _read(self) -> dict:
         import json
 
-        from benchmarks.peers.vllm_peer import RESULT_MARK
+        from benchmarks.peers.protocol import RESULT_MARK
 
         for line in self.proc.stdout:
             if line.startswith(RESULT_MARK):

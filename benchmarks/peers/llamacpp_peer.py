@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-RESULT_MARK = "@@rtp-llm-peer@@ "
+from protocol import RESULT_MARK  # benchmarks/peers/protocol.py (this script's folder is on sys.path)
 
 
 class Runner:

@@ -3,7 +3,7 @@
 # vendored in the pinned llama-cpp-python sdist (CPU-native, one build: the shared library the Python binding
 # loads through LLAMA_CPP_LIB_PATH, plus llama-batched-bench / llama-bench / llama-quantize), the binding in
 # its own venv, and f32 / bf16 GGUF copies of the default model (llama-quantize dequantizes the packaged
-# Q4_1 file, so every engine runs the same weights). About 15 minutes on 2 cores.
+# Q4_1 file, so every engine runs the same weights). About 10 minutes on 2 cores.
 #   bash benchmarks/peers/setup_llamacpp.sh [DIR]     (default .venv-llamacpp in the repository root)
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -13,7 +13,7 @@ import json
 import sys
 import time
 
-RESULT_MARK = "@@rtp-llm-peer@@ "
+from protocol import RESULT_MARK  # benchmarks/peers/protocol.py (this script's folder is on sys.path)
 
 
 def main() -> None:

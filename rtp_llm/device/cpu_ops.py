@@ -17,8 +17,6 @@
 - top-k/top-p: the C++ twin of the operator (rtp_llm/cpp/ops/top_k_top_p.cc), bit-identical masks
   without sorting the vocabulary (benchmarks/top_k_top_p.py)."""
 
-import os
-
 import torch
 
 from rtp_llm.layers.ops import TorchOps
@@ -59,7 +57,9 @@ class CpuOps(TorchOps):
     def _keep_plain(self, plain_bytes: int) -> bool:
         if self._gemv_weights != "auto":
             return self._gemv_weights == "on"
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        from rtp_llm.device.cpu import CpuDevice
+
+        available, _ = CpuDevice().memory_info()
         return plain_bytes <= self.GEMV_MEMORY_SHARE * available
 
     def prepare(self, model) -> None:

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Optional
 
-
 from rtp_llm.config.engine_config import EngineConfig
 from rtp_llm.distributed.group import TensorParallel
 from rtp_llm.distributed.monitor import Heartbeat, WorkerMonitor

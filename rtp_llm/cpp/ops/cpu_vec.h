@@ -16,6 +16,13 @@
 namespace rtp_llm {
 namespace vec {
 
+// x rounded to T's precision and back: the identity for float, bf16 round-to-nearest-even for BFloat16.
+// Kernels that must round where the reference's aten ops round (bf16 intermediates) call this.
+template <typename T>
+inline float round_as(float x) {
+    return static_cast<float>(static_cast<T>(x));
+}
+
 // sum_i a[i] * b[i] in float32 (the compiler vectorises the reduction).
 template <typename T>
 inline float dot(const T* a, const float* b, int64_t n) {

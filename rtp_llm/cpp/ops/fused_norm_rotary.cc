@@ -13,17 +13,13 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "rtp_llm/cpp/ops/cpu_vec.h"
+
 #include <cmath>
 #include <tuple>
 
 namespace rtp_llm {
 namespace {
-
-// Rounds a float32 result to the storage type T and back: a no-op for float, bf16 rounding for BFloat16.
-template <typename T>
-inline float rnd(float v) {
-    return static_cast<float>(static_cast<T>(v));
-}
 
 void check_rows(const at::Tensor& x, const at::Tensor& weight, const char* op) {
     TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
@@ -46,7 +42,7 @@ inline void norm_row(const T* in, const T* w, float eps, int64_t n, T* out) {
     const float r = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i)
-        out[i] = static_cast<T>(static_cast<float>(w[i]) * rnd<T>(static_cast<float>(in[i]) * r));
+        out[i] = static_cast<T>(static_cast<float>(w[i]) * vec::round_as<T>(static_cast<float>(in[i]) * r));
 }
 
 template <typename T>
@@ -117,8 +113,8 @@ void rotate_one(at::Tensor& x, const T* cp, const T* sp) {
                     const float a = static_cast<float>(v[i]), bb = static_cast<float>(v[i + half]);
                     const float c0 = static_cast<float>(c[i]), c1 = static_cast<float>(c[i + half]);
                     const float s0 = static_cast<float>(s[i]), s1 = static_cast<float>(s[i + half]);
-                    v[i] = static_cast<T>(rnd<T>(a * c0) + rnd<T>(-bb * s0));
-                    v[i + half] = static_cast<T>(rnd<T>(bb * c1) + rnd<T>(a * s1));
+                    v[i] = static_cast<T>(vec::round_as<T>(a * c0) + vec::round_as<T>(-bb * s0));
+                    v[i + half] = static_cast<T>(vec::round_as<T>(bb * c1) + vec::round_as<T>(a * s1));
                 }
             }
         }

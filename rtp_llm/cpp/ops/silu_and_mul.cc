@@ -17,11 +17,6 @@ namespace rtp_llm {
 namespace {
 
 template <typename T>
-inline float round_scalar(float x) {
-    return static_cast<float>(static_cast<T>(x));
-}
-
-template <typename T>
 void silu_mul_rows(const T* in, T* out, int64_t rows, int64_t inter) {
     at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
@@ -39,7 +34,7 @@ void silu_mul_rows(const T* in, T* out, int64_t rows, int64_t inter) {
 #endif
             for (; i < inter; ++i) {
                 const float x = static_cast<float>(g[i]);
-                o[i] = static_cast<T>(round_scalar<T>(x / (1.f + std::exp(-x))) * static_cast<float>(u[i]));
+                o[i] = static_cast<T>(vec::round_as<T>(x / (1.f + std::exp(-x))) * static_cast<float>(u[i]));
             }
         }
     });

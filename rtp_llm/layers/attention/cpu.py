@@ -46,8 +46,9 @@ class CpuAttention(TorchRefAttention):
         if not dec:
             if len(set(q_lens)) == 1 and list(batch.kv_lens) == list(q_lens):
                 # Fresh prompts of one length (offline batches, benchmarks): their keys and values are the
-                # step's own k and v, so SDPA runs causal on them directly, without the cache gather and
-                # explicit mask of the general path (~10x less attention time on W's prefill).
+                # step's own k and v, so SDPA runs causal on them directly, without the general path's
+                # cache gather and explicit mask (whose meta is still built: the fallback when the KV cache
+                # has another dtype than q and its rounding must be read back).
                 return CpuMeta(slots, None, None, None, None, super().prepare(batch), False,
                                uniform_fresh=len(q_lens))
             # prefills only: the reference path on the whole batch, no row gather/scatter
