@@ -25,7 +25,23 @@ def main(argv: list[str] | None = None) -> int:
     from rtp_llm.config.engine_config import EngineConfig
     from rtp_llm.device import DeviceError, resolve_device
     from rtp_llm.distributed.launch import LaunchError, launch_env
+    from rtp_llm.engine.engine_process import EngineProcess
+    from rtp_llm.engine.errors import EngineDeadError
     from rtp_llm.models.errors import CheckpointError
+
+    server = None
+    exit_code = 0
+
+    def fatal(exc: BaseException) -> None:
+        """The engine process ended or a tensor-parallel rank died or hung: nothing can recover it, so the
+        server stops (exit 1). Every open stream has already ended with the error."""
+        nonlocal exit_code
+        if exit_code:
+            return
+        exit_code = 1
+        log.error("stopping the server: %s", exc)
+        if server is not None:
+            server.should_exit = True
 
     try:
         device = resolve_device(args["device"])
@@ -45,11 +61,8 @@ def main(argv: list[str] | None = None) -> int:
                 from rtp_llm.distributed.worker import run_worker
 
                 return run_worker(config, env)
-        from rtp_llm.engine.async_engine import AsyncEngine
-        from rtp_llm.engine.llm_engine import LLMEngine
-
-        engine = LLMEngine(config)
-    except (ConfigError, DeviceError, CheckpointError, LaunchError, ValueError) as exc:
+        engine = EngineProcess(config, on_death=fatal, log_level=args["log_level"])
+    except (ConfigError, DeviceError, CheckpointError, LaunchError, ValueError, EngineDeadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -60,34 +73,15 @@ def main(argv: list[str] | None = None) -> int:
 
     name = args["served_model_name"] or (
         SERVED_NAME if config.model is None else os.path.basename(os.path.normpath(config.model)))
-    from rtp_llm.distributed.group import TPWorkerError
-
-    server = None
-    exit_code = 0
-
-    def fatal(message) -> None:
-        """A tensor-parallel rank died or hung: the group cannot recover, so the server stops (exit 1)."""
-        nonlocal exit_code
-        if exit_code:
-            return
-        exit_code = 1
-        log.error("stopping the server: %s", message)
-        async_engine.fail(TPWorkerError(str(message)))
-        if server is not None:
-            server.should_exit = True
-
-    async_engine = AsyncEngine(engine, on_death=lambda exc: fatal(exc) if isinstance(exc, TPWorkerError) else None)
-    if engine.tp_runtime is not None:
-        engine.tp_runtime.on_failure(fatal)
-    app = create_app(async_engine, name, engine.max_model_len, args["api_key"], args["max_body_bytes"])
+    app = create_app(engine, name, args["api_key"], args["max_body_bytes"])
 
     @app.on_event("shutdown")
     async def _stop_engine():
-        async_engine.stop_accepting()
-        async_engine.shutdown()  # the engine thread closes the engine (and any tensor-parallel workers)
+        engine.stop_accepting()
+        engine.shutdown()  # the engine process closes the engine (and any tensor-parallel workers)
 
-    log.info("serving %s as %r on http://%s:%d (device %s)", engine.model_path, name, args["host"], args["port"],
-             device)
+    log.info("serving %s as %r on http://%s:%d (device %s, engine process pid %d)", engine.model_path, name,
+             args["host"], args["port"], device, engine.pid)
     class _Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
             if not self.should_exit:
@@ -99,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
 
     server = _Server(uvicorn.Config(app, host=args["host"], port=args["port"], log_level=args["log_level"],
                                            timeout_graceful_shutdown=args["shutdown_timeout"], access_log=False))
-    if exit_code:  # a worker died while the server was starting
-        engine.close()
+    if exit_code:  # the engine (or a tensor-parallel worker) died while the server was starting
+        engine.shutdown()
         return exit_code
     server.run()
     return exit_code

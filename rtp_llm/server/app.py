@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rtp_llm.engine.async_engine import AsyncEngine, RequestStream
+from rtp_llm.engine.async_engine import EngineFront, RequestStream
 from rtp_llm.engine.errors import EngineDeadError, QueueFullError, RequestRejected
 from rtp_llm.engine.outputs import RequestOutput
 from rtp_llm.sampling import SamplingParams
@@ -45,12 +45,12 @@ def _sse(obj: Any) -> str:
 
 
 class Server:
-    def __init__(self, engine: AsyncEngine, served_model_name: str, max_model_len: int):
+    def __init__(self, engine: EngineFront, served_model_name: str):
         self.engine = engine
         self.model_name = served_model_name
-        self.max_model_len = max_model_len
-        self.tokenizer = engine.engine.tokenizer
-        self.metrics = Metrics(engine.engine, served_model_name)
+        self.max_model_len = engine.max_model_len
+        self.tokenizer = engine.tokenizer
+        self.metrics = Metrics(engine, served_model_name)
 
     # --- shared plumbing -----------------------------------------------------------------------------
     def check_model(self, name: Optional[str]) -> None:
@@ -148,9 +148,10 @@ class Server:
             raise APIError(400, str(exc)) from None
 
 
-def create_app(engine: AsyncEngine, served_model_name: str, max_model_len: int, api_key: Optional[str] = None,
+def create_app(engine: EngineFront, served_model_name: str, api_key: Optional[str] = None,
                max_body_bytes: int = 1 << 20) -> FastAPI:
-    srv = Server(engine, served_model_name, max_model_len)
+    srv = Server(engine, served_model_name)
+    max_model_len = srv.max_model_len
     app = FastAPI(title="rtp-llm", version="0.1.0")
     app.state.server = srv
 

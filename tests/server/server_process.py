@@ -20,14 +20,17 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *args: str, env: dict | None = None, timeout: float = 180):
+    def __init__(self, *args: str, env: dict | None = None, timeout: float = 180, new_session: bool = False):
+        """new_session: the server leads a process group of its own (what a terminal gives it), so a test
+        can signal the whole group as Ctrl-C does."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         full_env = dict(os.environ)
         full_env.update(env or {})
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "rtp_llm.start_server", "--port", str(self.port), *args]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=full_env)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=full_env,
+                                     start_new_session=new_session)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -47,8 +50,10 @@ class ServerProcess:
             return f.read()
 
     def stop(self, sig=signal.SIGTERM, timeout: float = 60) -> int:
+        """Sends sig (None: none, the process is already stopping) and waits; kills it after timeout."""
         if self.proc.poll() is None:
-            self.proc.send_signal(sig)
+            if sig is not None:
+                self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:

@@ -1,6 +1,7 @@
 """start_server's flags and environment twins, its one-line errors, and a graceful SIGTERM."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -8,6 +9,7 @@ import threading
 import time
 
 import httpx
+import openai
 import pytest
 
 from rtp_llm.config.server_args import FLAGS, ConfigError, resolve
@@ -87,3 +89,86 @@ def test_sigterm_finishes_in_flight_requests_and_exits_zero():
 def test_sigint_also_exits_zero():
     srv = ServerProcess("--max_model_len", "128", "--kv_cache_memory_gb", "0.05")
     assert srv.stop(signal.SIGINT) == 0
+
+
+def test_ctrl_c_to_the_process_group_still_drains():
+    """A terminal's Ctrl-C reaches the engine process too: it must leave stopping to the server."""
+    srv = ServerProcess("--max_model_len", "256", "--kv_cache_memory_gb", "0.05", "--shutdown_timeout", "30",
+                        new_session=True)
+    result = {}
+
+    def long_request():
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "Once", "max_tokens": 60, "ignore_eos": True},
+                       timeout=120)
+        result["status"], result["body"] = r.status_code, r.json()
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    time.sleep(1.0)
+    os.killpg(srv.proc.pid, signal.SIGINT)
+    code = srv.stop(None, timeout=60)
+    t.join(60)
+    assert code == 0, srv.output()[-2000:]
+    assert result["status"] == 200 and result["body"]["usage"]["completion_tokens"] == 60
+
+
+def _engine_pid(srv) -> int:
+    found = re.search(r"engine process pid (\d+)", srv.output())
+    assert found, srv.output()[-2000:]
+    return int(found.group(1))
+
+
+def test_engine_process_death_ends_streams_and_stops_the_server():
+    """The engine runs in its own process: if it dies, open streams end with an error event (not a hang)
+    and the server exits 1 naming how it died, rather than serving 503s forever."""
+    srv = ServerProcess("--max_model_len", "1024", "--kv_cache_memory_gb", "0.05")
+    engine = _engine_pid(srv)
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    chunks, errors = [], []
+
+    def consume():
+        try:
+            for ch in client.completions.create(model=client.models.list().data[0].id, prompt="Once upon a time",
+                                                max_tokens=900, stream=True, extra_body={"ignore_eos": True}):
+                chunks.append(ch)
+        except Exception as exc:  # noqa: BLE001 - the stream must end with an error, not hang
+            errors.append(exc)
+
+    t = threading.Thread(target=consume, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 60
+    while len(chunks) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(chunks) >= 3, srv.output()[-2000:]
+    os.kill(engine, signal.SIGKILL)
+    try:
+        code = srv.proc.wait(90)
+    except subprocess.TimeoutExpired:
+        srv.stop(signal.SIGKILL)
+        pytest.fail("the server kept running after its engine process died")
+    t.join(30)
+    assert not t.is_alive(), "the client stream hung after the engine died"
+    out = srv.output()
+    assert code == 1, out[-3000:]
+    assert f"the engine process (pid {engine}) exited: signal SIGKILL" in out, out[-3000:]
+    assert len(errors) == 1 and isinstance(errors[0], openai.APIError), errors
+    assert "signal SIGKILL" in str(errors[0]), errors[0]
+    assert not any(c.choices and c.choices[0].finish_reason for c in chunks)
+
+
+def test_killing_the_server_takes_the_engine_process_with_it():
+    srv = ServerProcess("--max_model_len", "128", "--kv_cache_memory_gb", "0.05")
+    engine = _engine_pid(srv)
+    srv.stop(signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while _alive(engine) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(engine), "the engine process outlived a killed server"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # a zombie has exited
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
