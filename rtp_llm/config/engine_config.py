@@ -14,7 +14,7 @@ class EngineConfig:
     dtype: str = "auto"
     device: str = "cpu"
     max_model_len: Optional[int] = None     # None = the model's max_position_embeddings
-    max_num_seqs: int = 64
+    max_num_seqs: int = 128  # vLLM's CPU server default: concurrency under load, not a queue
     max_num_batched_tokens: int = 2048
     max_prefill_chunk: Optional[int] = None  # longest prefill chunk per sequence per step; None = the token budget
     block_size: Optional[int] = None       # None = the device's default (16; 128 on NPU)

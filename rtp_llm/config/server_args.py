@@ -48,7 +48,7 @@ FLAGS = [
     Flag("model_type", "MODEL_TYPE", str, None, "qwen_3 | qwen_2 | llama (default: from the checkpoint)"),
     Flag("dtype", "DTYPE", str, "auto", "weight dtype", choices=("auto", "float32", "bfloat16", "float16")),
     Flag("max_model_len", "MAX_SEQ_LEN", _opt_int, None, "longest prompt + output in tokens (default: the model's)"),
-    Flag("max_num_seqs", "MAX_NUM_SEQS", int, 64, "sequences per step"),
+    Flag("max_num_seqs", "MAX_NUM_SEQS", int, 128, "sequences per step"),
     Flag("max_num_batched_tokens", "MAX_NUM_BATCHED_TOKENS", int, 2048, "tokens per step"),
     Flag("max_prefill_chunk", "MAX_PREFILL_CHUNK", _opt_int, None, "longest prefill chunk per sequence per step"),
     Flag("block_size", "SEQ_SIZE_PER_BLOCK", _opt_int, None, "tokens per KV block (default 16; 128 on NPU)"),

@@ -15,6 +15,7 @@ rebuilds full RequestOutputs, so the pipe carries O(new tokens) per step, not O(
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import signal
 import threading
@@ -128,6 +129,9 @@ def run_engine_core(config, conn, log_level: str) -> None:
     try:
         if engine.tp_runtime is not None:
             engine.tp_runtime.on_failure(lambda message: send(("fatal", message)))
+        # Start-up objects (modules, the model, the tokenizer) live as long as the process: the cyclic collector
+        # need not rescan them in every full collection of the serving loop.
+        gc.freeze()
         send(("ready", {"model_path": engine.model_path, "max_model_len": engine.max_model_len,
                         "stats": engine.stats()}))
         EngineCore(engine, conn, send).run()

@@ -41,5 +41,10 @@ class TorchOps:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
+    def decode_layers(self, model, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv, attn, meta):
+        """All decoder layers of a step in one call: (x, residual) after the last layer, or None where this
+        op set has no such path for the step (the model then runs its layers one by one)."""
+        return None
+
     def top_k_top_p(self, logits: torch.Tensor, k, p) -> torch.Tensor:
         return apply_top_k_top_p(logits, k, p)

@@ -187,8 +187,12 @@ class DecoderLM(nn.Module):
         cos, sin = self.rotary.cos_sin(batch.positions, self.dtype, max(batch.kv_lens) - 1)
         x = self._embed(batch.input_ids)
         residual = None
-        for i, layer in enumerate(self.layers):
-            x, residual = layer(x, residual, cos, sin, kv.layer(i), attn, meta, self.ops)
+        fused = self.ops.decode_layers(self, x, cos, sin, kv, attn, meta) if self.tp is None else None
+        if fused is not None:
+            x, residual = fused
+        else:
+            for i, layer in enumerate(self.layers):
+                x, residual = layer(x, residual, cos, sin, kv.layer(i), attn, meta, self.ops)
         h = (x + residual)[batch.logits_indices]
         h = self.ops.rms_norm(h, self.norm, self.cfg.rms_norm_eps)
         head = self.embed if self.lm_head is None else self.lm_head

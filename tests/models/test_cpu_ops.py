@@ -204,3 +204,52 @@ def test_packed_bf16_linear_accumulates_in_fp32(rows):
     ref = x.double() @ w.double().t()
     rel = ((out.double() - ref).abs() / ref.abs().clamp_min(1.0)).max().item()
     assert rel < 2 ** -7  # one bf16 rounding of the result (8 significant bits)
+
+
+@pytest.mark.parametrize("variant,dtype", [("llama_gqa4_tied_attnbias", "float32"),
+                                           ("qwen3_gqa2_headdim32_untied", "float32"),
+                                           ("qwen2_gqa4_bias_untied", "bfloat16")])
+def test_decode_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, variant, dtype):
+    """The C++ decode_layers op runs the same kernels in the same order as the Python layers: bit-identical
+    logits and KV cache over a prefill and several decode steps of 1-2 sequences (biases, Qwen3's q/k norms,
+    bf16)."""
+    from rtp_llm.cache import KVBuffer
+    from rtp_llm.layers.attention import get_backend
+    from rtp_llm.models.forward_batch import ForwardBatch
+
+    make_checkpoint(tmp_path, variant)
+    model, cfg = load_model(str(tmp_path), ops=CpuOps(gemv_weights="on"), dtype=dtype)
+    ops = model.ops
+    fused_calls = []
+    original = ops.decode_layers
+
+    def watched(*args):
+        out = original(*args)
+        fused_calls.append(out is not None)
+        return out
+
+    ops.decode_layers = watched
+    table = torch.tensor([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 0]], dtype=torch.int32).numpy()
+    results = []
+    for fuse in (False, True):
+        ops.fuse_decode_layers = fuse
+        kv = KVBuffer(cfg.num_layers, 12, 8, cfg.num_kv_heads, cfg.head_dim, dtype=getattr(torch, dtype))
+        attn = get_backend("cpu")(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5, 8)
+        logits = [model(ForwardBatch.build([list(range(3, 20)), list(range(30, 41))], [0, 0],
+                                           [list(range(8, 25)), list(range(56, 67))], table, 8), kv, attn)]
+        lens = [17, 11]
+        for step in range(5):
+            rows = [0, 1] if step % 2 == 0 else [1]  # 2 sequences, then 1
+            toks = [[int(logits[-1][min(r, logits[-1].shape[0] - 1)].argmax())] for r in rows]
+            slots = [[8 + lens[r]] if r == 0 else [56 + lens[r]] for r in rows]
+            batch = ForwardBatch.build(toks, [lens[r] for r in rows], slots, table[rows], 8)
+            logits.append(model(batch, kv, attn))
+            for r in rows:
+                lens[r] += 1
+        results.append((logits, kv.buffer.clone()))
+        assert fused_calls and all(c == fuse for c in fused_calls[1:]), fused_calls  # [0]: the prefill
+        fused_calls.clear()
+    (plain_logits, plain_kv), (fused_logits, fused_kv) = results
+    for a, b in zip(plain_logits, fused_logits):
+        assert torch.equal(a, b)
+    assert torch.equal(plain_kv, fused_kv)

@@ -13,6 +13,7 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "rtp_llm/cpp/ops/cpu_kernels.h"
 #include "rtp_llm/cpp/ops/cpu_vec.h"
 
 #include <cmath>
@@ -55,6 +56,8 @@ void rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps, at
     });
 }
 
+}  // namespace
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
     check_rows(x, weight, "rms_norm");
     auto out = at::empty_like(x);
@@ -64,6 +67,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
         rms_norm_rows<c10::BFloat16>(x, weight, eps, out);
     return out;
 }
+
+namespace {
 
 template <typename T>
 void add_rms_norm_rows(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps,
@@ -82,6 +87,8 @@ void add_rms_norm_rows(const at::Tensor& x, const at::Tensor& residual, const at
     });
 }
 
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                  const at::Tensor& weight, double eps) {
     check_rows(x, weight, "add_rms_norm");
@@ -96,6 +103,8 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
         add_rms_norm_rows<c10::BFloat16>(x, residual, weight, eps, out, sum);
     return {out, sum};
 }
+
+namespace {
 
 // x [T, heads, D] in place; cos/sin [T, D] (the halves repeat, as the reference builds them).
 // Reference: x * cos + rotate_half(x) * sin, each product and the sum rounded to T.
@@ -121,6 +130,8 @@ void rotate_one(at::Tensor& x, const T* cp, const T* sp) {
     });
 }
 
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                                           const at::Tensor& sin) {
     const auto dtype = cos.scalar_type();
@@ -144,8 +155,6 @@ std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& q, const at::Tensor&
     }
     return {qo, ko};
 }
-
-}  // namespace
 
 TORCH_LIBRARY_FRAGMENT(rtp_llm, m) {
     m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");

@@ -13,6 +13,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "rtp_llm/cpp/ops/cpu_kernels.h"
 #include "rtp_llm/cpp/ops/cpu_vec.h"
 
 #include <algorithm>
@@ -245,6 +246,8 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
     });
 }
 
+}  // namespace
+
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_table, const at::Tensor& kv_lens, double scale) {
     TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu(), "paged_decode_attention: CPU tensors only");
@@ -278,8 +281,6 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
     }
     return out;
 }
-
-}  // namespace
 
 TORCH_LIBRARY_FRAGMENT(rtp_llm, m) {
     m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor kv_lens, "

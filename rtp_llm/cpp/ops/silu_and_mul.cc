@@ -11,6 +11,7 @@
 
 #include <cmath>
 
+#include "rtp_llm/cpp/ops/cpu_kernels.h"
 #include "rtp_llm/cpp/ops/cpu_vec.h"
 
 namespace rtp_llm {
@@ -40,6 +41,8 @@ void silu_mul_rows(const T* in, T* out, int64_t rows, int64_t inter) {
     });
 }
 
+}  // namespace
+
 at::Tensor silu_and_mul(const at::Tensor& gate_up) {
     const auto dtype = gate_up.scalar_type();
     TORCH_CHECK(gate_up.device().is_cpu() && (dtype == at::kFloat || dtype == at::kBFloat16),
@@ -57,8 +60,6 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
         silu_mul_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>(), rows, inter);
     return out;
 }
-
-}  // namespace
 
 TORCH_LIBRARY_FRAGMENT(rtp_llm, m) { m.def("silu_and_mul(Tensor gate_up) -> Tensor"); }
 

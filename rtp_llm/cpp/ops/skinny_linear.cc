@@ -9,6 +9,7 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "rtp_llm/cpp/ops/cpu_kernels.h"
 #include "rtp_llm/cpp/ops/cpu_vec.h"
 
 #include <optional>
@@ -87,6 +88,8 @@ void gemv_rows(const at::Tensor& x, const at::Tensor& w, const float* bias, at::
     });
 }
 
+}  // namespace
+
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias) {
     TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "skinny_linear: CPU tensors only");
     const auto dtype = x.scalar_type();
@@ -110,8 +113,6 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& w, const std::op
         gemv_rows<c10::BFloat16>(xc, wc, bp, out);
     return out;
 }
-
-}  // namespace
 
 TORCH_LIBRARY_FRAGMENT(rtp_llm, m) { m.def("skinny_linear(Tensor x, Tensor w, Tensor? bias=None) -> Tensor"); }
 
