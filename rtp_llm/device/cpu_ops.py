@@ -6,7 +6,7 @@
   dot products with fp32 accumulation;
 - steps of a few rows (decode of 1-4 sequences) are pure weight streaming, where oneDNN's packed matmul
   reaches ~22 GB/s here and a plain-layout GEMV kernel (rtp_llm/cpp/ops/skinny_linear.cc) ~30 GB/s
-  (benchmarks/cpu_linear.py --stream: up to 4 rows in fp32, 3 in bf16, where packed catches up): with
+  (benchmarks/cpu_linear.py --stream: up to 4 rows in fp32 and bf16, where packed catches up): with
   gemv_weights on, the plain copies stay beside the packed ones for that kernel (the weights' memory
   twice); off, they are released. auto keeps them when they fit in a quarter of the available memory;
 - the LM head: packed the same way, the GEMV kernel on as few rows; its plain copy always stays (the
@@ -34,8 +34,9 @@ class CpuOps(TorchOps):
     name = "cpu"
 
     # Up to this many rows the GEMV kernel beats the packed GEMM on weights streamed from memory
-    # (benchmarks/cpu_linear.py --stream; at 8 rows packed is faster in both dtypes).
-    GEMV_MAX_ROWS = {torch.float32: 4, torch.bfloat16: 3}
+    # (benchmarks/cpu_linear.py --stream, ms per 30 layers at 4 rows: fp32 ~17-18 vs ~18.7, bf16 ~9.5 vs ~11.7;
+    # at 8 rows packed is faster in both dtypes).
+    GEMV_MAX_ROWS = {torch.float32: 4, torch.bfloat16: 4}
     # oneDNN's reorder takes the expected row count as a hint for the blocked format; any count works.
     PACK_ROWS_HINT = 32
     # bf16: oneDNN uses the CPU's bf16 dot-product instructions with fp32 accumulation (about 2x fp32 at 32 rows

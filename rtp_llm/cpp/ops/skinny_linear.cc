@@ -1,9 +1,9 @@
 // out = x @ W^T (+ bias) for a few rows x [M <= 8, K] and a plain weight W [N, K]: the decode GEMV of
 // steps of 1-4 sequences, which is memory-bound: every weight byte is read once per step for very little
-// arithmetic. Splits N across threads (at::parallel_for) and streams four weight rows at a time for all
-// M inputs, four independent FMA chains per input row (one 576-wide dot chain is latency-bound).
-// float32 and bfloat16 weights (bf16 products and fp32 accumulation, rounded once at the end, as torch
-// does). From 4-8 rows oneDNN's packed GEMM is faster and callers switch to it (rtp_llm/device/cpu_ops.py).
+// arithmetic. Splits N across threads (at::parallel_for) and streams four weight rows at a time against
+// the input rows taken in pairs (8 independent FMA chains; dot4 below). float32 and bfloat16 weights
+// (bf16 products and fp32 accumulation, rounded once at the end, as torch does). From ~5 rows oneDNN's
+// packed GEMM is faster and callers switch to it (rtp_llm/device/cpu_ops.py, benchmarks/cpu_linear.py).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -25,9 +25,13 @@ constexpr int64_t kMaxRows = 8;
 constexpr int64_t kPrefetchRows = 16;
 constexpr int kPrefetchLocality = 2;
 
-// Rows w, w + k, w + 2k, w + 3k against one input row x.
-template <typename T>
-inline void dot4(const T* w, const float* x, int64_t k, float* out) {
+// Rows w, w + k, w + 2k, w + 3k against G input rows x, x + k, ...: out[g * 4 + q] = <w_q, x_g>.
+// G = 2 gives 8 independent FMA chains, enough to cover the FMA latency on two pipes (4 chains, one input
+// row, run at half the FMA rate: fine while the step streams weights, not at 5-8 rows), and each weight
+// vector loaded (and for bf16 widened) once serves both rows. Every output is still summed in the same order
+// (one 8-lane accumulator over k, then hsum, then the tail), so the grouping never changes a result.
+template <typename T, int G>
+inline void dot4(const T* w, const float* x, int64_t k, bool prefetch, float* out) {
     const T *w0 = w, *w1 = w + k, *w2 = w + 2 * k, *w3 = w + 3 * k;
     int64_t i = 0;
 #ifdef __AVX2__
@@ -35,29 +39,36 @@ inline void dot4(const T* w, const float* x, int64_t k, float* out) {
     using vec::load8;
     constexpr int64_t line = 64 / sizeof(T);
     const int64_t ahead = kPrefetchRows * k;
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    __m256 acc[G][4];
+    for (int g = 0; g < G; ++g)
+        for (int q = 0; q < 4; ++q) acc[g][q] = _mm256_setzero_ps();
     for (; i + 8 <= k; i += 8) {
-        if (i % line == 0) {
+        if (prefetch && i % line == 0) {
             for (const T* p : {w0, w1, w2, w3}) __builtin_prefetch(p + ahead + i, 0, kPrefetchLocality);
         }
-        const __m256 xi = _mm256_loadu_ps(x + i);
-        a0 = _mm256_fmadd_ps(load8(w0 + i), xi, a0);
-        a1 = _mm256_fmadd_ps(load8(w1 + i), xi, a1);
-        a2 = _mm256_fmadd_ps(load8(w2 + i), xi, a2);
-        a3 = _mm256_fmadd_ps(load8(w3 + i), xi, a3);
+        const __m256 v0 = load8(w0 + i), v1 = load8(w1 + i), v2 = load8(w2 + i), v3 = load8(w3 + i);
+        for (int g = 0; g < G; ++g) {
+            const __m256 xi = _mm256_loadu_ps(x + g * k + i);
+            acc[g][0] = _mm256_fmadd_ps(v0, xi, acc[g][0]);
+            acc[g][1] = _mm256_fmadd_ps(v1, xi, acc[g][1]);
+            acc[g][2] = _mm256_fmadd_ps(v2, xi, acc[g][2]);
+            acc[g][3] = _mm256_fmadd_ps(v3, xi, acc[g][3]);
+        }
     }
-    out[0] = hsum(a0);
-    out[1] = hsum(a1);
-    out[2] = hsum(a2);
-    out[3] = hsum(a3);
+    for (int g = 0; g < G; ++g)
+        for (int q = 0; q < 4; ++q) out[g * 4 + q] = hsum(acc[g][q]);
 #else
-    out[0] = out[1] = out[2] = out[3] = 0.f;
+    (void)prefetch;
+    for (int j = 0; j < 4 * G; ++j) out[j] = 0.f;
 #endif
     for (; i < k; ++i) {  // the tail (or everything, without AVX2)
-        out[0] += static_cast<float>(w0[i]) * x[i];
-        out[1] += static_cast<float>(w1[i]) * x[i];
-        out[2] += static_cast<float>(w2[i]) * x[i];
-        out[3] += static_cast<float>(w3[i]) * x[i];
+        for (int g = 0; g < G; ++g) {
+            const float xv = x[g * k + i];
+            out[g * 4 + 0] += static_cast<float>(w0[i]) * xv;
+            out[g * 4 + 1] += static_cast<float>(w1[i]) * xv;
+            out[g * 4 + 2] += static_cast<float>(w2[i]) * xv;
+            out[g * 4 + 3] += static_cast<float>(w3[i]) * xv;
+        }
     }
 }
 
@@ -72,13 +83,20 @@ void gemv_rows(const at::Tensor& x, const at::Tensor& w, const float* bias, at::
     auto store = [&](int64_t r, int64_t j, float v) { op[r * n + j] = static_cast<T>(bias ? v + bias[j] : v); };
     // Grain 16 blocks: a task streams >= 64 weight rows, enough to amortise the scheduling.
     at::parallel_for(0, (n + 3) / 4, 16, [&](int64_t begin, int64_t end) {
-        float four[4];
+        float res[8];
         for (int64_t blk = begin; blk < end; ++blk) {
             const int64_t j = blk * 4;
             if (j + 4 <= n) {
-                for (int64_t r = 0; r < m; ++r) {
-                    dot4(wp + j * k, &xf[r * k], k, four);
-                    for (int q = 0; q < 4; ++q) store(r, j + q, four[q]);
+                // Input rows in pairs; the first pass brings the 4 weight rows into L1 (and prefetches ahead),
+                // later passes read them from there.
+                int64_t r = 0;
+                for (; r + 2 <= m; r += 2) {
+                    dot4<T, 2>(wp + j * k, &xf[r * k], k, r == 0, res);
+                    for (int q = 0; q < 4; ++q) store(r, j + q, res[q]), store(r + 1, j + q, res[4 + q]);
+                }
+                if (r < m) {
+                    dot4<T, 1>(wp + j * k, &xf[r * k], k, r == 0, res);
+                    for (int q = 0; q < 4; ++q) store(r, j + q, res[q]);
                 }
             } else {
                 for (int64_t jj = j; jj < n; ++jj)
