@@ -83,13 +83,13 @@ class EngineFront:
             if entry is not None:
                 batches.setdefault(entry[0], []).append((entry[1], out))
         for loop, items in batches.items():
-            loop.call_soon_threadsafe(_put_all, items)
+            _call_soon(loop, _put_all, items)
 
     def _deliver(self, rid: str, item) -> None:
         entry = self._streams.get(rid)
         if entry is not None:
             loop, q = entry
-            loop.call_soon_threadsafe(q.put_nowait, item)
+            _call_soon(loop, q.put_nowait, item)
 
     # --- the asyncio side ----------------------------------------------------------------------------
     async def submit(self, prompt: Union[str, Sequence[int]], params: SamplingParams,
@@ -108,7 +108,7 @@ class EngineFront:
             def settle():
                 if not added.done():
                     added.set_exception(exc) if exc else added.set_result(None)
-            loop.call_soon_threadsafe(settle)
+            _call_soon(loop, settle)
 
         self._streams[rid] = (loop, q)
         self._send_add(rid, prompt, params, done)
@@ -197,6 +197,16 @@ class AsyncEngine(EngineFront):
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
+    """loop.call_soon_threadsafe, except that a loop already closed (the server is exiting while the engine
+    still reports) drops the call instead of raising on the engine's or the reader's thread."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        if not loop.is_closed():
+            raise
 
 
 def _put_all(items) -> None:
