@@ -123,11 +123,23 @@ class EngineProcess(EngineFront):
                 return
 
     def _read(self) -> None:
+        try:
+            self._read_messages()
+        except Exception as exc:  # a bug here must fail the streams, not leave them waiting forever
+            log.exception("reading the engine's messages failed")
+            self._closing = True
+            self.fail(EngineDeadError(f"lost the engine's messages: {type(exc).__name__}: {exc}"))
+            return
+        self.proc.join(5)
+        if not self._closing:
+            self.fail(EngineDeadError(f"the engine process (pid {self.proc.pid}) exited: {self._exit()}"))
+
+    def _read_messages(self) -> None:
         while True:
             try:
                 msg = self._conn.recv()
             except (EOFError, OSError):
-                break
+                return
             kind = msg[0]
             if kind == "out":
                 self._stats = msg[2]
@@ -145,9 +157,6 @@ class EngineProcess(EngineFront):
                 self.fail(TPWorkerError(msg[1]))
             elif kind == "died":
                 self.fail(msg[1])
-        self.proc.join(5)
-        if not self._closing:
-            self.fail(EngineDeadError(f"the engine process (pid {self.proc.pid}) exited: {self._exit()}"))
 
     def _rebuild(self, wire: tuple) -> RequestOutput:
         rid, prompt, finished, cached, error, metrics, comps = wire
