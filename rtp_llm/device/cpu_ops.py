@@ -131,9 +131,12 @@ class CpuOps(TorchOps):
         return torch.nn.functional.silu(gate).mul_(up)  # one temporary instead of two
 
     def decode_layers(self, model, x, cos, sin, kv, attn, meta):
-        if not (self.fuse_decode_layers and self.keeps_plain_weights and getattr(meta, "all_decode", False)
-                and model.tp is None and x.dtype in self.FUSED_DTYPES and kv.dtype == x.dtype == cos.dtype
-                and x.dim() == 2 and x.shape[0] <= self.GEMV_MAX_ROWS.get(x.dtype, 0)):
+        # Where the layer-by-layer path would take the GEMV kernel in every linear layer (plain weights kept,
+        # few rows), every row is a decode, and the KV cache has the model's dtype.
+        first = model.layers[0]
+        if not (self.fuse_decode_layers and getattr(meta, "all_decode", False) and model.tp is None
+                and x.dtype in self.FUSED_DTYPES and kv.dtype == x.dtype == cos.dtype
+                and self._gemv(x, first.qkv_weight)):
             return None
         weights = self._layer_weights.get(id(model))
         if weights is None:
@@ -142,7 +145,6 @@ class CpuOps(TorchOps):
                     layer.input_norm, layer.qkv_weight, layer.qkv_bias, layer.q_norm, layer.k_norm, layer.o_weight,
                     layer.o_bias, layer.post_norm, layer.gate_up_weight, layer.gate_up_bias, layer.down_weight,
                     layer.down_bias)]
-        first = model.layers[0]
         return self._kernels.decode_layers(x.contiguous(), weights, kv.buffer, cos.contiguous(), sin.contiguous(),
                                            meta.slots, meta.decode_table, meta.decode_lens, first.num_heads,
                                            first.num_kv_heads, model.cfg.rms_norm_eps, attn.scale)

@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from types import SimpleNamespace
 
@@ -17,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.server_process import ServerProcess, free_port
+from tests.server.server_process import BackgroundStream, ServerProcess, free_port, process_alive, wait_exit
 
 COMMON = ("--max_model_len", "1024", "--kv_cache_memory_gb", "0.25", "--max_num_seqs", "16")
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Three primary colours are"]
@@ -57,37 +56,19 @@ def _worker_pid(srv) -> int:
     return int(found.group(1))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited
-        return f.read().split()[2] != "Z"
-
-
-def _wait_exit(proc: subprocess.Popen, limit: float = 90) -> int:
-    """The test's patience, not a performance bound: a hang fails here instead of blocking CI."""
-    try:
-        return proc.wait(limit)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail(f"process {proc.pid} still running after {limit}s")
-
-
 def test_tp2_server_answers_like_one_rank_and_stops_its_worker(reference):
     srv = ServerProcess(*COMMON, "--tp_size", "2")
     try:
         worker = _worker_pid(srv)
-        assert _alive(worker)
+        assert process_alive(worker)
         assert _answers(srv) == reference
     finally:
         code = srv.stop()
     assert code == 0, srv.output()[-3000:]
     deadline = time.monotonic() + 30
-    while _alive(worker) and time.monotonic() < deadline:
+    while process_alive(worker) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _alive(worker), "the worker outlived the server"
+    assert not process_alive(worker), "the worker outlived the server"
 
 
 def test_torchrun_style_launch_one_command_per_rank(reference):
@@ -105,7 +86,7 @@ def test_torchrun_style_launch_one_command_per_rank(reference):
         finally:
             code = srv.stop()
         assert code == 0, srv.output()[-3000:]
-        assert _wait_exit(rank1) == 0  # rank 0's stop message ends rank 1 cleanly
+        assert wait_exit(rank1) == 0  # rank 0's stop message ends rank 1 cleanly
     finally:
         if rank1.poll() is None:
             rank1.kill()
@@ -131,42 +112,24 @@ def test_torchrun_launch(reference):
         assert _answers(srv) == reference
     finally:
         proc.send_signal(signal.SIGTERM)
-        _wait_exit(proc)
+        wait_exit(proc)
 
 
 def test_killing_a_worker_mid_request_stops_the_server_naming_the_rank():
     srv = ServerProcess(*COMMON, "--tp_size", "2")
     worker = _worker_pid(srv)
-    client = _client(srv)
-    chunks, errors = [], []
-
-    def consume():
-        try:
-            stream = client.completions.create(model=client.models.list().data[0].id, prompt="Once upon a time",
-                                               max_tokens=900, temperature=0, stream=True,
-                                               extra_body={"ignore_eos": True})
-            for ch in stream:
-                chunks.append(ch)
-        except Exception as exc:  # the stream must end (an error event or a closed connection), not hang
-            errors.append(exc)
-
-    t = threading.Thread(target=consume, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 60
-    while len(chunks) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(chunks) >= 3, srv.output()[-2000:]
+    stream = BackgroundStream(srv.url)
+    assert stream.wait_for_chunks(3), srv.output()[-2000:]
     os.kill(worker, signal.SIGKILL)
-    code = _wait_exit(srv.proc)
-    t.join(30)
-    assert not t.is_alive(), "the client stream hung after the worker died"
+    code = wait_exit(srv.proc)
+    assert stream.ended(30), "the client stream hung after the worker died"
     out = srv.output()
     assert code == 1, out[-3000:]
     assert re.search(r"tensor-parallel worker rank 1 \(pid \d+\) died: signal SIGKILL", out), out[-3000:]
     # The cut-short stream ends with an OpenAI-style error event (the client raises it), naming the rank.
-    assert len(errors) == 1 and isinstance(errors[0], openai.APIError), errors
-    assert "rank 1" in str(errors[0]), errors[0]
-    assert not any(c.choices and c.choices[0].finish_reason for c in chunks)
+    assert len(stream.errors) == 1 and isinstance(stream.errors[0], openai.APIError), stream.errors
+    assert "rank 1" in str(stream.errors[0]), stream.errors[0]
+    assert not stream.finished_normally
 
 
 def test_a_hung_worker_is_caught_by_its_heartbeat():
@@ -174,7 +137,7 @@ def test_a_hung_worker_is_caught_by_its_heartbeat():
     worker = _worker_pid(srv)
     os.kill(worker, signal.SIGSTOP)
     try:
-        code = _wait_exit(srv.proc)
+        code = wait_exit(srv.proc)
     finally:
         try:
             os.kill(worker, signal.SIGKILL)

@@ -1,4 +1,5 @@
-"""Starts `python -m rtp_llm.start_server` as a real process on a free localhost port."""
+"""Starts `python -m rtp_llm.start_server` as a real process on a free localhost port; helpers for tests that
+load, stop or break it (a request in flight, a long stream read in the background, process checks)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import httpx
+import pytest
 
 
 def free_port() -> int:
@@ -60,3 +63,77 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+def process_alive(pid: int) -> bool:
+    """True while pid runs (a zombie, which has exited but not been reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class BackgroundStream:
+    """A long streamed completion (900 tokens, EOS ignored) read on a thread through the openai client, for
+    tests that break the server under it: the stream must end (an error event, a closed connection), not hang."""
+
+    def __init__(self, url: str):
+        import openai
+
+        self.chunks: list = []
+        self.errors: list = []
+        self._client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+        self._thread = threading.Thread(target=self._consume, daemon=True)
+        self._thread.start()
+
+    def _consume(self) -> None:
+        client = self._client
+        try:
+            for ch in client.completions.create(model=client.models.list().data[0].id, prompt="Once upon a time",
+                                                max_tokens=900, temperature=0, stream=True,
+                                                extra_body={"ignore_eos": True}):
+                self.chunks.append(ch)
+        except Exception as exc:  # noqa: BLE001 - what the test inspects
+            self.errors.append(exc)
+
+    def wait_for_chunks(self, n: int, timeout: float = 60) -> bool:
+        deadline = time.monotonic() + timeout
+        while len(self.chunks) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return len(self.chunks) >= n
+
+    def ended(self, timeout: float = 30) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def finished_normally(self) -> bool:
+        return any(c.choices and c.choices[0].finish_reason for c in self.chunks)
+
+
+class LongRequest:
+    """A 60-token completion posted on a thread (a request in flight while the test stops the server)."""
+
+    def __init__(self, url: str):
+        self.result: dict = {}
+        self._thread = threading.Thread(target=self._post, args=(url,))
+        self._thread.start()
+
+    def _post(self, url: str) -> None:
+        r = httpx.post(url + "/v1/completions", json={"prompt": "Once", "max_tokens": 60, "ignore_eos": True},
+                       timeout=120)
+        self.result["status"], self.result["body"] = r.status_code, r.json()
+
+    def join(self, timeout: float = 60) -> dict:
+        self._thread.join(timeout)
+        return self.result
+
+
+def wait_exit(proc: subprocess.Popen, limit: float = 90) -> int:
+    """The test's patience, not a performance bound: a hang fails here instead of blocking CI."""
+    try:
+        return proc.wait(limit)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"process {proc.pid} still running after {limit}s")

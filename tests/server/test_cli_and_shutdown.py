@@ -5,7 +5,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
@@ -13,7 +12,7 @@ import openai
 import pytest
 
 from rtp_llm.config.server_args import FLAGS, ConfigError, resolve
-from tests.server.server_process import ServerProcess
+from tests.server.server_process import BackgroundStream, LongRequest, ServerProcess, process_alive, wait_exit
 
 
 def _run(*args, env=None):
@@ -67,19 +66,11 @@ def test_start_server_exits_with_a_one_line_error(args, env, needle):
 
 def test_sigterm_finishes_in_flight_requests_and_exits_zero():
     srv = ServerProcess("--max_model_len", "256", "--kv_cache_memory_gb", "0.05", "--shutdown_timeout", "30")
-    result = {}
-
-    def long_request():
-        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "Once", "max_tokens": 60, "ignore_eos": True},
-                       timeout=120)
-        result["status"], result["body"] = r.status_code, r.json()
-
-    t = threading.Thread(target=long_request)
-    t.start()
+    request = LongRequest(srv.url)
     time.sleep(1.0)  # the request is running
     # stop() kills after 60 s, which would show as -9: exit code 0 means it drained and left by itself.
     code = srv.stop(signal.SIGTERM, timeout=60)
-    t.join(60)
+    result = request.join(60)
     assert code == 0, srv.output()[-2000:]
     assert result["status"] == 200 and result["body"]["usage"]["completion_tokens"] == 60
     with pytest.raises(httpx.HTTPError):
@@ -95,19 +86,11 @@ def test_ctrl_c_to_the_process_group_still_drains():
     """A terminal's Ctrl-C reaches the engine process too: it must leave stopping to the server."""
     srv = ServerProcess("--max_model_len", "256", "--kv_cache_memory_gb", "0.05", "--shutdown_timeout", "30",
                         new_session=True)
-    result = {}
-
-    def long_request():
-        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "Once", "max_tokens": 60, "ignore_eos": True},
-                       timeout=120)
-        result["status"], result["body"] = r.status_code, r.json()
-
-    t = threading.Thread(target=long_request)
-    t.start()
+    request = LongRequest(srv.url)
     time.sleep(1.0)
     os.killpg(srv.proc.pid, signal.SIGINT)
     code = srv.stop(None, timeout=60)
-    t.join(60)
+    result = request.join(60)
     assert code == 0, srv.output()[-2000:]
     assert result["status"] == 200 and result["body"]["usage"]["completion_tokens"] == 60
 
@@ -123,37 +106,17 @@ def test_engine_process_death_ends_streams_and_stops_the_server():
     and the server exits 1 naming how it died, rather than serving 503s forever."""
     srv = ServerProcess("--max_model_len", "1024", "--kv_cache_memory_gb", "0.05")
     engine = _engine_pid(srv)
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
-    chunks, errors = [], []
-
-    def consume():
-        try:
-            for ch in client.completions.create(model=client.models.list().data[0].id, prompt="Once upon a time",
-                                                max_tokens=900, stream=True, extra_body={"ignore_eos": True}):
-                chunks.append(ch)
-        except Exception as exc:  # noqa: BLE001 - the stream must end with an error, not hang
-            errors.append(exc)
-
-    t = threading.Thread(target=consume, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 60
-    while len(chunks) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(chunks) >= 3, srv.output()[-2000:]
+    stream = BackgroundStream(srv.url)
+    assert stream.wait_for_chunks(3), srv.output()[-2000:]
     os.kill(engine, signal.SIGKILL)
-    try:
-        code = srv.proc.wait(90)
-    except subprocess.TimeoutExpired:
-        srv.stop(signal.SIGKILL)
-        pytest.fail("the server kept running after its engine process died")
-    t.join(30)
-    assert not t.is_alive(), "the client stream hung after the engine died"
+    code = wait_exit(srv.proc)
+    assert stream.ended(30), "the client stream hung after the engine died"
     out = srv.output()
     assert code == 1, out[-3000:]
     assert f"the engine process (pid {engine}) exited: signal SIGKILL" in out, out[-3000:]
-    assert len(errors) == 1 and isinstance(errors[0], openai.APIError), errors
-    assert "signal SIGKILL" in str(errors[0]), errors[0]
-    assert not any(c.choices and c.choices[0].finish_reason for c in chunks)
+    assert len(stream.errors) == 1 and isinstance(stream.errors[0], openai.APIError), stream.errors
+    assert "signal SIGKILL" in str(stream.errors[0]), stream.errors[0]
+    assert not stream.finished_normally
 
 
 def test_killing_the_server_takes_the_engine_process_with_it():
@@ -161,14 +124,6 @@ def test_killing_the_server_takes_the_engine_process_with_it():
     engine = _engine_pid(srv)
     srv.stop(signal.SIGKILL)
     deadline = time.monotonic() + 30
-    while _alive(engine) and time.monotonic() < deadline:
+    while process_alive(engine) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(engine), "the engine process outlived a killed server"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:  # a zombie has exited
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
+    assert not process_alive(engine), "the engine process outlived a killed server"
