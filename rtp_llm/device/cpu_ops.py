@@ -4,9 +4,10 @@
   the weight on every call), on SmolLM2's shapes here (benchmarks/cpu_linear.py): 2-3.7x at 4 rows,
   1.2-1.5x at 32 rows, 1.1-1.2x at 4096 rows. bfloat16 models (--dtype bfloat16) are packed too: bf16
   dot products with fp32 accumulation;
-- steps of a few rows (decode of 1-4 sequences) are pure weight streaming, where oneDNN's packed matmul
-  reaches ~22 GB/s here and a plain-layout GEMV kernel (rtp_llm/cpp/ops/skinny_linear.cc) ~30 GB/s
-  (benchmarks/cpu_linear.py --stream: up to 4 rows in fp32 and bf16, where packed catches up): with
+- steps of a few rows (decode of 1-8 sequences, a short suffix after a cached prefix) are pure weight
+  streaming, where oneDNN's packed matmul reaches ~18-22 GB/s here and a plain-layout GEMV kernel
+  (rtp_llm/cpp/ops/skinny_linear.cc, gemv_avx512.cc) ~27-30 GB/s (benchmarks/cpu_linear.py --stream: up
+  to 8 rows with AVX-512, 4 with AVX2 only, where packed catches up): with
   gemv_weights on, the plain copies stay beside the packed ones for that kernel (the weights' memory
   twice); off, they are released. auto keeps them when they fit in a quarter of the available memory;
 - the LM head: packed the same way, the GEMV kernel on as few rows; its plain copy always stays (the
@@ -14,7 +15,8 @@
 - RMSNorm, residual add + RMSNorm and RoPE: one C++ op each (rtp_llm/cpp/ops/fused_norm_rotary.cc)
   instead of 6-12 aten ops, whose dispatch dominates them at decode batch sizes (float32 and bfloat16);
 - the SiLU-gated activation: one vectorised pass (rtp_llm/cpp/ops/silu_and_mul.cc) instead of three;
-- a decode step of a few sequences (where the GEMV kernel applies): every decoder layer in one C++ call
+- a step of a few rows (where the GEMV kernel applies) that are all decodes or short chunks: every
+  decoder layer in one C++ call
   (rtp_llm/cpp/ops/decode_layers.cc), the same kernels in the same order, so bit-identical, without ~18
   Python-level torch calls per layer that leave the memory bus idle (~3 ms of a 21 ms batch-1 step);
 - top-k/top-p: the C++ twin of the operator (rtp_llm/cpp/ops/top_k_top_p.cc), bit-identical masks
@@ -34,9 +36,11 @@ class CpuOps(TorchOps):
     name = "cpu"
 
     # Up to this many rows the GEMV kernel beats the packed GEMM on weights streamed from memory
-    # (benchmarks/cpu_linear.py --stream, ms per 30 layers at 4 rows: fp32 ~17-18 vs ~18.7, bf16 ~9.5 vs ~11.7;
-    # at 8 rows packed is faster in both dtypes).
-    GEMV_MAX_ROWS = {torch.float32: 4, torch.bfloat16: 4}
+    # (benchmarks/cpu_linear.py --stream, ms per 30 layers). The AVX2 kernel at 4 rows: fp32 ~17-18 vs ~18.7,
+    # bf16 ~9.5 vs ~11.7, at 8 rows packed is faster in both dtypes. The AVX-512 kernel at 8 rows: fp32 ~16 vs
+    # ~22-25 (still at the memory bandwidth), bf16 ~11.5 vs ~11.5 (compute-bound from ~6 rows).
+    GEMV_MAX_ROWS = {"avx512": {torch.float32: 8, torch.bfloat16: 8},
+                     "avx2": {torch.float32: 4, torch.bfloat16: 4}}
     # oneDNN's reorder takes the expected row count as a hint for the blocked format; any count works.
     PACK_ROWS_HINT = 32
     # bf16: oneDNN uses the CPU's bf16 dot-product instructions with fp32 accumulation (about 2x fp32 at 32 rows
@@ -54,6 +58,7 @@ class CpuOps(TorchOps):
         if gemv_weights not in ("auto", "on", "off"):
             raise ValueError(f"gemv_weights must be auto, on or off, got {gemv_weights!r}")
         self._kernels = ops()
+        self._gemv_rows = self.GEMV_MAX_ROWS.get(self._kernels.gemv_isa(), {})
         self._gemv_weights = gemv_weights
         self.keeps_plain_weights = False  # decided in prepare()
         self._packed: dict[int, torch.Tensor] = {}  # id(weight parameter) -> blocked copy
@@ -90,7 +95,7 @@ class CpuOps(TorchOps):
         return y.reshape(*shape[:-1], y.shape[-1])
 
     def _gemv(self, x, weight) -> bool:
-        return (x.dim() == 2 and x.shape[0] <= self.GEMV_MAX_ROWS.get(x.dtype, 0) and weight.numel() > 0
+        return (x.dim() == 2 and x.shape[0] <= self._gemv_rows.get(x.dtype, 0) and weight.numel() > 0
                 and x.dtype == weight.dtype)
 
     def linear(self, x, weight, bias=None):
@@ -132,9 +137,10 @@ class CpuOps(TorchOps):
 
     def decode_layers(self, model, x, cos, sin, kv, attn, meta):
         # Where the layer-by-layer path would take the GEMV kernel in every linear layer (plain weights kept,
-        # few rows), every row is a decode, and the KV cache has the model's dtype.
+        # few rows), every row goes through the paged attention kernel (decodes, short chunks after a cached
+        # prefix: rtp_llm/layers/attention/cpu.py), and the KV cache has the model's dtype.
         first = model.layers[0]
-        if not (self.fuse_decode_layers and getattr(meta, "all_decode", False) and model.tp is None
+        if not (self.fuse_decode_layers and getattr(meta, "all_paged", False) and model.tp is None
                 and x.dtype in self.FUSED_DTYPES and kv.dtype == x.dtype == cos.dtype
                 and self._gemv(x, first.qkv_weight)):
             return None
@@ -146,7 +152,7 @@ class CpuOps(TorchOps):
                     layer.o_bias, layer.post_norm, layer.gate_up_weight, layer.gate_up_bias, layer.down_weight,
                     layer.down_bias)]
         return self._kernels.decode_layers(x.contiguous(), weights, kv.buffer, cos.contiguous(), sin.contiguous(),
-                                           meta.slots, meta.decode_table, meta.decode_lens, first.num_heads,
+                                           meta.slots, meta.paged_table, meta.paged_lens, first.num_heads,
                                            first.num_kv_heads, model.cfg.rms_norm_eps, attn.scale)
 
     def top_k_top_p(self, logits, k, p):

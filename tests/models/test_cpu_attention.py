@@ -28,10 +28,18 @@ def _batch(block_size, q_lens, ctx_lens):
 
 @pytest.mark.parametrize("block_size", [1, 16, 128])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (9, 3)])
-@pytest.mark.parametrize("shape", ["decode", "mixed", "prefill", "fresh_uniform"])
+@pytest.mark.parametrize("shape", ["decode", "short_chunks", "mixed", "prefill", "fresh_uniform"])
 def test_cpu_backend_matches_torch_ref(block_size, heads, kv_heads, shape):
-    q_lens, ctx = {"decode": ([1, 1, 1], [5, 40, 130]), "mixed": ([1, 7, 1, 3], [9, 0, 200, 17]),
-                   "prefill": ([6, 2], [0, 31]), "fresh_uniform": ([5, 5, 5], [0, 0, 0])}[shape]
+    """Every path of prepare(): decodes only; decodes and chunks of <= PAGED_MAX_Q tokens (after a cached
+    prefix or fresh), all through the paged kernel row by row; those mixed with longer prefills (SDPA on
+    their rows); longer prefills only; fresh prompts of one length."""
+    from rtp_llm.layers.attention.cpu import CpuAttention
+
+    short = CpuAttention.PAGED_MAX_Q
+    q_lens, ctx = {"decode": ([1, 1, 1], [5, 40, 130]),
+                   "short_chunks": ([1, short, 1, 3, 2], [9, 0, 200, 17, 48]),
+                   "mixed": ([1, 20, 1, 3, short + 1, short], [9, 0, 200, 17, 40, 33]),
+                   "prefill": ([16, short + 1], [0, 31]), "fresh_uniform": ([12, 12, 12], [0, 0, 0])}[shape]
     batch, nb = _batch(block_size, q_lens, ctx)
     g = torch.Generator().manual_seed(block_size + heads)
     d = 64
@@ -43,7 +51,10 @@ def test_cpu_backend_matches_torch_ref(block_size, heads, kv_heads, shape):
     q, k, v = (torch.randn(T, n, d, generator=g) for n in (heads, kv_heads, kv_heads))
     args = (heads, kv_heads, d, d ** -0.5, block_size)
     cpu, ref = get_backend("cpu")(*args), get_backend("torch_ref")(*args)
-    out = cpu.forward(q, k, v, kv.layer(0), cpu.prepare(batch))
+    meta = cpu.prepare(batch)
+    assert meta.all_paged == (shape in ("decode", "short_chunks"))
+    assert bool(meta.uniform_fresh) == (shape == "fresh_uniform")
+    out = cpu.forward(q, k, v, kv.layer(0), meta)
     want = ref.forward(q, k, v, kv_ref.layer(0), ref.prepare(batch))
     assert torch.allclose(out, want, atol=2e-5), (out - want).abs().max()
     assert torch.equal(kv.buffer, kv_ref.buffer)  # the same K/V were written

@@ -32,24 +32,58 @@ class _Model(torch.nn.Module):
         self.lm_head = None
 
 
-def test_skinny_linear_matches_float64():
+def check_gemv_kernel(expected_isa: str) -> None:
+    """The GEMV kernel this process runs against float64 products (float32 and bf16, biases, shapes with
+    tails), and each row's result independent of the other rows in the call (every output summed in the same
+    order whatever the row count); then its argument checks."""
     from rtp_llm._native import ops
 
+    assert ops().gemv_isa() == expected_isa
     g = torch.Generator().manual_seed(5)
-    for m, n, k in ((1, 960, 576), (2, 49152, 64), (4, 7, 13), (8, 5, 1536)):
+    for m, n, k in ((1, 960, 576), (2, 49152, 64), (4, 7, 13), (8, 5, 1536), (6, 50, 1536), (8, 77, 37)):
         x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
         ref = x.double() @ w.double().t()
-        torch.testing.assert_close(ops().skinny_linear(x, w).double(), ref, atol=1e-4, rtol=1e-5)
+        out = ops().skinny_linear(x, w)
+        torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=1e-5)
         torch.testing.assert_close(ops().skinny_linear(x, w, b).double(), ref + b.double(), atol=1e-4, rtol=1e-5)
         xb, wb = x.bfloat16(), w.bfloat16()  # bf16 products are exact in fp32: one rounding at the end
-        out = ops().skinny_linear(xb, wb)
+        out_b = ops().skinny_linear(xb, wb)
         ref = xb.double() @ wb.double().t()
-        assert out.dtype == torch.bfloat16
-        assert ((out.double() - ref).abs() / ref.abs().clamp_min(1.0)).max().item() < 2 ** -7
+        assert out_b.dtype == torch.bfloat16
+        assert ((out_b.double() - ref).abs() / ref.abs().clamp_min(1.0)).max().item() < 2 ** -7
+        for rows in range(1, m):
+            assert torch.equal(ops().skinny_linear(x[-rows:], w), out[-rows:])
+            assert torch.equal(ops().skinny_linear(xb[:rows], wb), out_b[:rows])
     with pytest.raises(RuntimeError, match="at most 8 rows"):
         ops().skinny_linear(torch.zeros(9, 4), torch.zeros(3, 4))
     with pytest.raises(RuntimeError, match="both be float32 or both bfloat16"):
         ops().skinny_linear(torch.zeros(1, 4), torch.zeros(3, 4).bfloat16())
+
+
+def _has_avx512() -> bool:
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return all(f" {f}" in flags for f in ("avx512f", "avx512bw", "avx512dq", "avx512vl"))
+
+
+def test_gemv_kernel_of_this_cpu():
+    check_gemv_kernel("avx512" if _has_avx512() else "avx2")
+
+
+@pytest.mark.skipif(not _has_avx512(), reason="the AVX2 kernel is the one above on this CPU")
+def test_gemv_kernel_avx2_on_an_avx512_cpu():
+    """RTP_LLM_CPU_NO_AVX512=1 keeps the AVX2 kernel (what CPUs without AVX-512 run): the same checks, in a
+    process of its own (the choice is made once per process)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, RTP_LLM_CPU_NO_AVX512="1", PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, "-c", "from tests.models.test_cpu_ops import check_gemv_kernel; "
+                           "check_gemv_kernel('avx2')"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("gemv_weights", ["off", "on"])
@@ -211,8 +245,8 @@ def test_packed_bf16_linear_accumulates_in_fp32(rows):
                                            ("qwen2_gqa4_bias_untied", "bfloat16")])
 def test_decode_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, variant, dtype):
     """The C++ decode_layers op runs the same kernels in the same order as the Python layers: bit-identical
-    logits and KV cache over a prefill and several decode steps of 1-2 sequences (biases, Qwen3's q/k norms,
-    bf16)."""
+    logits and KV cache over a prefill, several decode steps of 1-2 sequences and a step with a short chunk
+    (biases, Qwen3's q/k norms, bf16)."""
     from rtp_llm.cache import KVBuffer
     from rtp_llm.layers.attention import get_backend
     from rtp_llm.models.forward_batch import ForwardBatch
@@ -246,6 +280,11 @@ def test_decode_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, varia
             logits.append(model(batch, kv, attn))
             for r in rows:
                 lens[r] += 1
+        # a chunk of 3 new tokens after sequence 0's cached 20 (a prompt suffix after a prefix-cache hit)
+        # beside a decode: 4 rows, each attended with its own causal length, still one C++ call
+        batch = ForwardBatch.build([[5, 6, 7], [9]], lens, [[8 + lens[0] + j for j in range(3)], [56 + lens[1]]],
+                                   table, 8)
+        logits.append(model(batch, kv, attn))
         results.append((logits, kv.buffer.clone()))
         assert fused_calls and all(c == fuse for c in fused_calls[1:]), fused_calls  # [0]: the prefill
         fused_calls.clear()

@@ -3,7 +3,9 @@
 // arithmetic. Splits N across threads (at::parallel_for) and streams four weight rows at a time against
 // the input rows taken in pairs (8 independent FMA chains; dot4 below). float32 and bfloat16 weights
 // (bf16 products and fp32 accumulation, rounded once at the end, as torch does). From ~5 rows oneDNN's
-// packed GEMM is faster and callers switch to it (rtp_llm/device/cpu_ops.py, benchmarks/cpu_linear.py).
+// packed GEMM is faster than this AVX2 kernel and callers switch to it (rtp_llm/device/cpu_ops.py,
+// benchmarks/cpu_linear.py). CPUs with AVX-512 take gemv_avx512.cc instead, which stays at the memory
+// bandwidth up to 8 rows.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -11,14 +13,16 @@
 
 #include "rtp_llm/cpp/ops/cpu_kernels.h"
 #include "rtp_llm/cpp/ops/cpu_vec.h"
+#include "rtp_llm/cpp/ops/gemv_avx512.h"
 
+#include <cmath>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace rtp_llm {
 namespace {
 
-constexpr int64_t kMaxRows = 8;
 // Rows ahead whose columns are prefetched into L2 (into L1, prefetches stall the core once its miss buffers
 // fill): a core streaming short rows (1-2 KB) otherwise waits on each new row's first lines. On SmolLM2's
 // layers here: bf16 ~19 -> ~28 GB/s, fp32 ~26 -> ~30 GB/s (a plain sum reaches ~32).
@@ -61,13 +65,15 @@ inline void dot4(const T* w, const float* x, int64_t k, bool prefetch, float* ou
     (void)prefetch;
     for (int j = 0; j < 4 * G; ++j) out[j] = 0.f;
 #endif
-    for (; i < k; ++i) {  // the tail (or everything, without AVX2)
+    // The tail (or everything, without AVX2), fused multiply-adds spelled out: left to the compiler, a + b * c
+    // is contracted in some instantiations and not in others, and a row's result would depend on G.
+    for (; i < k; ++i) {
         for (int g = 0; g < G; ++g) {
             const float xv = x[g * k + i];
-            out[g * 4 + 0] += static_cast<float>(w0[i]) * xv;
-            out[g * 4 + 1] += static_cast<float>(w1[i]) * xv;
-            out[g * 4 + 2] += static_cast<float>(w2[i]) * xv;
-            out[g * 4 + 3] += static_cast<float>(w3[i]) * xv;
+            out[g * 4 + 0] = std::fma(static_cast<float>(w0[i]), xv, out[g * 4 + 0]);
+            out[g * 4 + 1] = std::fma(static_cast<float>(w1[i]), xv, out[g * 4 + 1]);
+            out[g * 4 + 2] = std::fma(static_cast<float>(w2[i]), xv, out[g * 4 + 2]);
+            out[g * 4 + 3] = std::fma(static_cast<float>(w3[i]), xv, out[g * 4 + 3]);
         }
     }
 }
@@ -80,6 +86,7 @@ void gemv_rows(const at::Tensor& x, const at::Tensor& w, const float* bias, at::
     std::vector<float> xf(m * k);  // the inputs in float32 once, not once per weight row
     const T* xp = x.data_ptr<T>();
     for (int64_t i = 0; i < m * k; ++i) xf[i] = static_cast<float>(xp[i]);
+    if (gemv_avx512_enabled()) return gemv_avx512(wp, xf.data(), bias, op, m, k, n);
     auto store = [&](int64_t r, int64_t j, float v) { op[r * n + j] = static_cast<T>(bias ? v + bias[j] : v); };
     // Grain 16 blocks: a task streams >= 64 weight rows, enough to amortise the scheduling.
     at::parallel_for(0, (n + 3) / 4, 16, [&](int64_t begin, int64_t end) {
@@ -115,7 +122,7 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& w, const std::op
                 "skinny_linear: x and w must both be float32 or both bfloat16, got ", dtype, " and ",
                 w.scalar_type());
     TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "skinny_linear: x [M, K], w [N, K]");
-    TORCH_CHECK(x.size(0) <= kMaxRows, "skinny_linear: at most ", kMaxRows, " rows");
+    TORCH_CHECK(x.size(0) <= kGemvMaxRows, "skinny_linear: at most ", kGemvMaxRows, " rows");
     at::Tensor b;
     if (bias.has_value() && bias->defined()) {
         TORCH_CHECK(bias->dim() == 1 && bias->size(0) == w.size(0), "skinny_linear: bias must be [N]");
@@ -132,7 +139,19 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& w, const std::op
     return out;
 }
 
-TORCH_LIBRARY_FRAGMENT(rtp_llm, m) { m.def("skinny_linear(Tensor x, Tensor w, Tensor? bias=None) -> Tensor"); }
+// Which kernel serves this CPU: "avx512" (1-8 rows in one pass), "avx2" (rows in pairs) or "scalar".
+std::string gemv_isa() {
+#ifdef __AVX2__
+    return gemv_avx512_enabled() ? "avx512" : "avx2";
+#else
+    return gemv_avx512_enabled() ? "avx512" : "scalar";
+#endif
+}
+
+TORCH_LIBRARY_FRAGMENT(rtp_llm, m) {
+    m.def("skinny_linear(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
+    m.def("gemv_isa() -> str", &gemv_isa);
+}
 
 TORCH_LIBRARY_IMPL(rtp_llm, CPU, m) { m.impl("skinny_linear", &skinny_linear); }
 

@@ -1,7 +1,9 @@
-"""cpu: the CPU backend. Decode rows (one new token) go through the C++ paged decode kernel
-(rtp_llm/cpp/ops/paged_decode_attention.cc), which reads K/V in place through the block table;
-prefill rows (and prefill chunks) use the reference path's scaled-dot-product attention, whose
-blocked GEMMs are faster for many queries. A mixed batch runs both on their rows."""
+"""cpu: the CPU backend. Rows of decodes and of short chunks (at most PAGED_MAX_Q new tokens: a
+prefill's suffix after a cached prefix, a short prompt) go through the C++ paged decode kernel
+(rtp_llm/cpp/ops/paged_decode_attention.cc) one query at a time, each with its own causal KV length,
+reading K/V in place through the block table; longer prefills (and prefill chunks) use the reference
+path's scaled-dot-product attention, whose blocked GEMMs are faster for many queries. A mixed batch
+runs both on their rows."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -20,17 +23,23 @@ from rtp_llm.models.forward_batch import ForwardBatch
 @dataclass
 class CpuMeta:
     slots: torch.Tensor
-    decode_rows: Optional[torch.Tensor]        # flat token rows of decode sequences (None: all or none)
-    decode_table: Optional[torch.Tensor]       # [Bd, W] int32
-    decode_lens: Optional[torch.Tensor]        # [Bd] int64
-    prefill_rows: Optional[torch.Tensor]       # flat token rows of prefill sequences (None: all or none)
+    paged_rows: Optional[torch.Tensor]         # flat token rows for the paged kernel (None: all or none)
+    paged_table: Optional[torch.Tensor]        # [rows, W] int32: each such row's block table
+    paged_lens: Optional[torch.Tensor]         # [rows] int64: the keys each such row sees (causal)
+    prefill_rows: Optional[torch.Tensor]       # flat token rows of longer prefills (None: all or none)
     prefill: Optional[RefMeta]
-    all_decode: bool
+    all_paged: bool                            # every row goes through the paged kernel
     uniform_fresh: int = 0  # > 0: that many fresh prompts of equal length, nothing cached (causal SDPA as is)
 
 
 class CpuAttention(TorchRefAttention):
     name = "cpu"
+
+    # Up to this many new tokens a sequence's rows are attended one by one by the paged kernel (row j of a
+    # chunk of q new tokens over kv keys sees kv - q + j + 1 of them): the KV is re-read per row, which costs
+    # less than the reference path's gather, mask and scatter for a handful of rows. It is also the row count
+    # up to which a whole step can run in one C++ call (CpuOps.decode_layers).
+    PAGED_MAX_Q = 8
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -38,12 +47,17 @@ class CpuAttention(TorchRefAttention):
 
     def prepare(self, batch: ForwardBatch) -> CpuMeta:
         q_lens = batch.q_lens
-        dec = [i for i, q in enumerate(q_lens) if q == 1]
         slots = batch.slot_mapping.to(torch.int64)
-        if len(dec) == len(q_lens):
+        if max(q_lens) == 1:  # decodes only: one row per sequence, the batch's own table and lengths
             return CpuMeta(slots, None, batch.block_table, torch.tensor(batch.kv_lens, dtype=torch.int64),
                            None, None, True)
-        if not dec:
+        q = np.asarray(q_lens, dtype=np.int64)
+        paged = q <= self.PAGED_MAX_Q
+        if paged.all():
+            seq, lens = self._paged_rows(q, batch.kv_lens, np.arange(len(q)))
+            return CpuMeta(slots, None, batch.block_table[torch.from_numpy(seq)], torch.from_numpy(lens), None,
+                           None, True)
+        if not paged.any():
             if len(set(q_lens)) == 1 and list(batch.kv_lens) == list(q_lens):
                 # Fresh prompts of one length (offline batches, benchmarks): their keys and values are the
                 # step's own k and v, so SDPA runs causal on them directly, without the general path's
@@ -53,23 +67,31 @@ class CpuAttention(TorchRefAttention):
                                uniform_fresh=len(q_lens))
             # prefills only: the reference path on the whole batch, no row gather/scatter
             return CpuMeta(slots, None, None, None, None, super().prepare(batch), False)
-        starts = [0]
-        for q in q_lens[:-1]:
-            starts.append(starts[-1] + q)
-        pre = [i for i in range(len(q_lens)) if q_lens[i] != 1]
-        prefill_rows = torch.tensor([r for i in pre for r in range(starts[i], starts[i] + q_lens[i])])
-        sub = SimpleNamespace(input_ids=batch.input_ids, q_lens=[q_lens[i] for i in pre],
-                              kv_lens=[batch.kv_lens[i] for i in pre], block_size=batch.block_size,
-                              block_table=batch.block_table[torch.tensor(pre)], slot_mapping=batch.slot_mapping)
-        return CpuMeta(slots, torch.tensor([starts[i] for i in dec]), batch.block_table[torch.tensor(dec)].contiguous(),
-                       torch.tensor([batch.kv_lens[i] for i in dec], dtype=torch.int64), prefill_rows,
-                       super().prepare(sub), False)
+        starts = np.cumsum(q) - q
+        short, long_ = np.flatnonzero(paged), np.flatnonzero(~paged)
+        seq, lens = self._paged_rows(q, batch.kv_lens, short)
+        paged_rows = np.concatenate([np.arange(starts[i], starts[i] + q[i]) for i in short])
+        prefill_rows = np.concatenate([np.arange(starts[i], starts[i] + q[i]) for i in long_])
+        sub = SimpleNamespace(input_ids=batch.input_ids, q_lens=[q_lens[i] for i in long_],
+                              kv_lens=[batch.kv_lens[i] for i in long_], block_size=batch.block_size,
+                              block_table=batch.block_table[torch.from_numpy(long_)], slot_mapping=batch.slot_mapping)
+        return CpuMeta(slots, torch.from_numpy(paged_rows), batch.block_table[torch.from_numpy(seq)].contiguous(),
+                       torch.from_numpy(lens), torch.from_numpy(prefill_rows), super().prepare(sub), False)
+
+    @staticmethod
+    def _paged_rows(q: np.ndarray, kv_lens, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For the rows of sequences `seqs` (in flat order): each row's sequence and causal KV length."""
+        n = q[seqs]
+        seq = np.repeat(seqs, n)
+        within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        lens = np.repeat(np.asarray(kv_lens, dtype=np.int64)[seqs] - n, n) + within + 1
+        return seq, lens
 
     def forward(self, q, k, v, layer_kv, meta: CpuMeta):
         self.write_kv(k, v, layer_kv, meta.slots)
-        if meta.all_decode:
-            return self.kernels.paged_decode_attention(q.contiguous(), layer_kv[0], layer_kv[1], meta.decode_table,
-                                                       meta.decode_lens, self.scale)
+        if meta.all_paged:
+            return self.kernels.paged_decode_attention(q.contiguous(), layer_kv[0], layer_kv[1], meta.paged_table,
+                                                       meta.paged_lens, self.scale)
         if meta.uniform_fresh and layer_kv.dtype == q.dtype:  # else the cache's rounding must be read back
             b = meta.uniform_fresh
             qb, kb, vb = (x.reshape(b, -1, x.shape[1], x.shape[2]).transpose(1, 2) for x in (q, k, v))
@@ -79,8 +101,8 @@ class CpuAttention(TorchRefAttention):
         if meta.prefill_rows is None:
             return self.attend(q, layer_kv, meta.prefill)
         out = torch.empty_like(q)
-        out[meta.decode_rows] = self.kernels.paged_decode_attention(
-            q[meta.decode_rows].contiguous(), layer_kv[0], layer_kv[1], meta.decode_table, meta.decode_lens,
+        out[meta.paged_rows] = self.kernels.paged_decode_attention(
+            q[meta.paged_rows].contiguous(), layer_kv[0], layer_kv[1], meta.paged_table, meta.paged_lens,
             self.scale)
         out[meta.prefill_rows] = self.attend(q[meta.prefill_rows], layer_kv, meta.prefill)
         return out

@@ -1,0 +1,197 @@
+// The GEMV kernel of skinny_linear.cc for CPUs with AVX-512 (checked at run time; the file is compiled for
+// any x86-64 with the instructions enabled per function, so nothing here runs on a CPU without them).
+//
+// Why a second kernel: with AVX2's 16 registers, 5-8 input rows cannot all meet a weight vector in one
+// pass, so the AVX2 kernel takes them in pairs and re-reads each weight block from L1, and the memory bus
+// idles while the later pairs compute (8 rows fp32: ~22 ms per 30 SmolLM2 layers, slower than oneDNN's
+// packed GEMM). With 32 registers all rows (up to 8) x a few weight rows are accumulated in one pass, so
+// every weight byte is loaded once and the stream never pauses.
+//
+// Summation order, per output: one 16-lane accumulator over k (in steps of 16, the tail masked), its lanes
+// summed in one fixed tree (reduce1 / reduce8); the same for every row count and grouping, so a sequence's
+// result does not depend on how many others share its step.
+#include "rtp_llm/cpp/ops/gemv_avx512.h"
+
+#include <ATen/Parallel.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#include <cstdlib>
+#include <cstring>
+
+// GCC 12's AVX-512 intrinsics start their shuffles from _mm512_undefined_ps(), which -Wuninitialized flags
+// once they are inlined here.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#define RTP_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")))
+
+namespace rtp_llm {
+namespace {
+
+// Rows ahead of the one being read whose lines are prefetched into L2 (see skinny_linear.cc).
+constexpr int64_t kPrefetchRows = 16;
+
+RTP_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+// bf16 -> fp32 is a 16-bit shift.
+RTP_AVX512 inline __m512 load16(const c10::BFloat16* p) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// The first lanes of `mask`, the others zero (the tail of a row; nothing past it is read).
+RTP_AVX512 inline __m512 load16(const float* p, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, p); }
+
+RTP_AVX512 inline __m512 load16(const c10::BFloat16* p, __mmask16 mask) {
+    const __m256i raw = _mm256_maskz_loadu_epi16(mask, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// The lanes of a summed in the order every output uses: lane i + lane i+8, then + i+4, + i+2, + i+1
+// (the order of _mm512_reduce_add_ps, spelled out).
+RTP_AVX512 inline float reduce1(__m512 a) {
+    const __m256 s = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    const __m128 t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    const __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
+}
+
+// out[i] = reduce1(a[i]) for 8 vectors, the same tree for each, with 4 shuffle stages shared by all 8 (about
+// a third of the instructions of 8 separate reductions; at K = 576 these were a fifth of the kernel's work).
+RTP_AVX512 inline void reduce8(const __m512 a[8], float out[8]) {
+    __m512 t[4], u[2];
+    for (int p = 0; p < 4; ++p)  // [a_2p lanes 0-7 + 8-15, a_2p+1 lanes 0-7 + 8-15]
+        t[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xee));
+    for (int p = 0; p < 2; ++p)  // 128-bit block j: vector 4p + j, lanes i + i+4
+        u[p] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * p], t[2 * p + 1], 0x88),
+                             _mm512_shuffle_f32x4(t[2 * p], t[2 * p + 1], 0xdd));
+    // block j: [vector j: i + i+2 (2 lanes), vector 4 + j: i + i+2 (2 lanes)]
+    const __m512 v = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], 0x44), _mm512_shuffle_ps(u[0], u[1], 0xee));
+    alignas(64) float w[16];
+    _mm512_store_ps(w, _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1)));  // + lane i+1
+    for (int j = 0; j < 4; ++j) out[j] = w[4 * j], out[4 + j] = w[4 * j + 2];
+}
+
+// out[r * G + q] = <w + q * k, x + r * k> for M input rows and G consecutive weight rows.
+template <typename T, int M, int G>
+RTP_AVX512 inline void dot_block(const T* w, const float* x, int64_t k, float* out) {
+    constexpr int64_t line = 64 / sizeof(T);
+    constexpr int kAcc = M * G;
+    const int64_t ahead = kPrefetchRows * k;
+    __m512 acc[(kAcc + 7) / 8 * 8];  // padded with zeros to whole groups of 8 for reduce8
+    for (int a = 0; a < (kAcc + 7) / 8 * 8; ++a) acc[a] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) {
+        if (i % line == 0) {
+            for (int q = 0; q < G; ++q) __builtin_prefetch(w + q * k + ahead + i, 0, 2);
+        }
+        __m512 wv[G];
+        for (int q = 0; q < G; ++q) wv[q] = load16(w + q * k + i);
+        for (int r = 0; r < M; ++r) {
+            __m512 xv = _mm512_loadu_ps(x + r * k + i);
+            // Kept in a register: otherwise GCC folds the load into each of the G FMAs, and G loads per input
+            // vector make the loop load-bound (Zen 4 loads one 512-bit vector per cycle).
+            asm("" : "+v"(xv));
+            for (int q = 0; q < G; ++q) acc[r * G + q] = _mm512_fmadd_ps(wv[q], xv, acc[r * G + q]);
+        }
+    }
+    if (i < k) {  // the tail: masked loads into the same accumulators (zeros in the other lanes)
+        const __mmask16 mask = static_cast<__mmask16>((1u << (k - i)) - 1);
+        __m512 wv[G];
+        for (int q = 0; q < G; ++q) wv[q] = load16(w + q * k + i, mask);
+        for (int r = 0; r < M; ++r) {
+            const __m512 xv = load16(x + r * k + i, mask);
+            for (int q = 0; q < G; ++q) acc[r * G + q] = _mm512_fmadd_ps(wv[q], xv, acc[r * G + q]);
+        }
+    }
+    if constexpr (kAcc == 1) {
+        out[0] = reduce1(acc[0]);
+    } else {
+        float sums[(kAcc + 7) / 8 * 8];
+        for (int a = 0; a < kAcc; a += 8) reduce8(acc + a, sums + a);
+        for (int a = 0; a < kAcc; ++a) out[a] = sums[a];
+    }
+}
+
+// Weight rows per pass for M input rows: M x G accumulators plus G weight vectors and one input vector fit
+// the 32 registers, with as few loads per FMA as that allows; at least 8 chains cover the FMA latency.
+template <int M>
+constexpr int group() {
+    return M == 1 ? 8 : M <= 3 ? 6 : M <= 6 ? 4 : 3;
+}
+constexpr int64_t kBlock = 24;  // weight rows per unit of the thread split (a multiple of every group())
+
+template <typename T, int M>
+RTP_AVX512 void rows_block(const T* w, const float* x, const float* bias, T* out, int64_t k, int64_t n,
+                           int64_t j0, int64_t j1) {
+    constexpr int G = group<M>();
+    float res[M * G];
+    auto store = [&](int r, int64_t j, float v) { out[r * n + j] = static_cast<T>(bias ? v + bias[j] : v); };
+    int64_t j = j0;
+    for (; j + G <= j1; j += G) {
+        dot_block<T, M, G>(w + j * k, x, k, res);
+        for (int r = 0; r < M; ++r)
+            for (int q = 0; q < G; ++q) store(r, j + q, res[r * G + q]);
+    }
+    for (; j < j1; ++j) {  // n not a multiple of G: one weight row at a time, same order per output
+        dot_block<T, M, 1>(w + j * k, x, k, res);
+        for (int r = 0; r < M; ++r) store(r, j, res[r]);
+    }
+}
+
+template <typename T, int M>
+void gemv_m(const T* w, const float* x, const float* bias, T* out, int64_t k, int64_t n) {
+    // Grain 3 blocks: a task streams >= 72 weight rows, enough to amortise the scheduling.
+    at::parallel_for(0, (n + kBlock - 1) / kBlock, 3, [&](int64_t begin, int64_t end) {
+        rows_block<T, M>(w, x, bias, out, k, n, begin * kBlock, std::min(n, end * kBlock));
+    });
+}
+
+template <typename T>
+void gemv_any(const T* w, const float* x, const float* bias, T* out, int64_t m, int64_t k, int64_t n) {
+    switch (m) {
+        case 1: return gemv_m<T, 1>(w, x, bias, out, k, n);
+        case 2: return gemv_m<T, 2>(w, x, bias, out, k, n);
+        case 3: return gemv_m<T, 3>(w, x, bias, out, k, n);
+        case 4: return gemv_m<T, 4>(w, x, bias, out, k, n);
+        case 5: return gemv_m<T, 5>(w, x, bias, out, k, n);
+        case 6: return gemv_m<T, 6>(w, x, bias, out, k, n);
+        case 7: return gemv_m<T, 7>(w, x, bias, out, k, n);
+        case 8: return gemv_m<T, 8>(w, x, bias, out, k, n);
+        default: TORCH_CHECK(false, "gemv_avx512: 1-", kGemvMaxRows, " rows, got ", m);
+    }
+}
+
+}  // namespace
+
+bool gemv_avx512_enabled() {
+    // RTP_LLM_CPU_NO_AVX512=1 keeps the AVX2 kernel on an AVX-512 CPU (tests run both).
+    static const bool on = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                           !(std::getenv("RTP_LLM_CPU_NO_AVX512") && std::strcmp(std::getenv("RTP_LLM_CPU_NO_AVX512"), "0"));
+    return on;
+}
+
+void gemv_avx512(const float* w, const float* x, const float* bias, float* out, int64_t m, int64_t k, int64_t n) {
+    gemv_any<float>(w, x, bias, out, m, k, n);
+}
+
+void gemv_avx512(const c10::BFloat16* w, const float* x, const float* bias, c10::BFloat16* out, int64_t m,
+                 int64_t k, int64_t n) {
+    gemv_any<c10::BFloat16>(w, x, bias, out, m, k, n);
+}
+
+}  // namespace rtp_llm
+
+#else  // not x86-64 with GCC/Clang: the AVX2 / portable kernel serves every CPU
+
+namespace rtp_llm {
+bool gemv_avx512_enabled() { return false; }
+void gemv_avx512(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t) {}
+void gemv_avx512(const c10::BFloat16*, const float*, const float*, c10::BFloat16*, int64_t, int64_t, int64_t) {}
+}  // namespace rtp_llm
+
+#endif
