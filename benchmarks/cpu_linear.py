@@ -63,7 +63,7 @@ def _stream(kernels, dtypes, layers: int = 30) -> None:
         weights = [[torch.randn(SHAPES[n][1], SHAPES[n][0]).to(dtype) for n in names] for _ in range(layers)]
         packed = [[torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in ws] for ws in weights]
         gb = sum(w.numel() * w.element_size() for ws in weights for w in ws) / 1e9
-        for rows in (1, 2, 4, 6, 8):
+        for rows in (1, 2, 4, 8, 10, 12, 16):
             xs = [torch.randn(rows, SHAPES[n][0]).to(dtype) for n in names]
 
             def gemv():

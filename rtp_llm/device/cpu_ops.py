@@ -4,10 +4,10 @@
   the weight on every call), on SmolLM2's shapes here (benchmarks/cpu_linear.py): 2-3.7x at 4 rows,
   1.2-1.5x at 32 rows, 1.1-1.2x at 4096 rows. bfloat16 models (--dtype bfloat16) are packed too: bf16
   dot products with fp32 accumulation;
-- steps of a few rows (decode of 1-8 sequences, a short suffix after a cached prefix) are pure weight
+- steps of a few rows (decode of up to 16 sequences, a short suffix after a cached prefix) are weight
   streaming, where oneDNN's packed matmul reaches ~18-22 GB/s here and a plain-layout GEMV kernel
   (rtp_llm/cpp/ops/skinny_linear.cc, gemv_avx512.cc) ~27-30 GB/s (benchmarks/cpu_linear.py --stream: up
-  to 8 rows with AVX-512, 4 with AVX2 only, where packed catches up): with
+  to 16 rows fp32 / 8 bf16 with AVX-512, 4 with AVX2 only, where packed catches up): with
   gemv_weights on, the plain copies stay beside the packed ones for that kernel (the weights' memory
   twice); off, they are released. auto keeps them when they fit in a quarter of the available memory;
 - the LM head: packed the same way, the GEMV kernel on as few rows; its plain copy always stays (the
@@ -37,9 +37,12 @@ class CpuOps(TorchOps):
 
     # Up to this many rows the GEMV kernel beats the packed GEMM on weights streamed from memory
     # (benchmarks/cpu_linear.py --stream, ms per 30 layers). The AVX2 kernel at 4 rows: fp32 ~17-18 vs ~18.7,
-    # bf16 ~9.5 vs ~11.7, at 8 rows packed is faster in both dtypes. The AVX-512 kernel at 8 rows: fp32 ~16 vs
-    # ~22-25 (still at the memory bandwidth), bf16 ~11.5 vs ~11.5 (compute-bound from ~6 rows).
-    GEMV_MAX_ROWS = {"avx512": {torch.float32: 8, torch.bfloat16: 8},
+    # bf16 ~9.5 vs ~11.7, at 8 rows packed is faster in both dtypes. The AVX-512 kernel, fp32: 8 rows ~16 vs
+    # ~22-25 (still at the memory bandwidth), 12 rows ~19.5 vs ~23.5, 16 rows ~24.5 vs ~25.7 (and such a step
+    # runs in one decode_layers call: SmolLM2 decode of 10 sequences 48.7 -> 28.3 ms, 16: ~53 -> 43 ms); bf16
+    # (oneDNN has the CPU's bf16 dot products, the kernel widens to fp32): 8 rows ~11.5-14 vs ~11.5-13.7,
+    # packed ahead from 10.
+    GEMV_MAX_ROWS = {"avx512": {torch.float32: 16, torch.bfloat16: 8},
                      "avx2": {torch.float32: 4, torch.bfloat16: 4}}
     # oneDNN's reorder takes the expected row count as a hint for the blocked format; any count works.
     PACK_ROWS_HINT = 32

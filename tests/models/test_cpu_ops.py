@@ -40,7 +40,8 @@ def check_gemv_kernel(expected_isa: str) -> None:
 
     assert ops().gemv_isa() == expected_isa
     g = torch.Generator().manual_seed(5)
-    for m, n, k in ((1, 960, 576), (2, 49152, 64), (4, 7, 13), (8, 5, 1536), (6, 50, 1536), (8, 77, 37)):
+    for m, n, k in ((1, 960, 576), (2, 49152, 64), (4, 7, 13), (8, 5, 1536), (6, 50, 1536), (8, 77, 37),
+                    (11, 100, 576), (16, 29, 1550)):
         x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
         ref = x.double() @ w.double().t()
         out = ops().skinny_linear(x, w)
@@ -54,8 +55,8 @@ def check_gemv_kernel(expected_isa: str) -> None:
         for rows in range(1, m):
             assert torch.equal(ops().skinny_linear(x[-rows:], w), out[-rows:])
             assert torch.equal(ops().skinny_linear(xb[:rows], wb), out_b[:rows])
-    with pytest.raises(RuntimeError, match="at most 8 rows"):
-        ops().skinny_linear(torch.zeros(9, 4), torch.zeros(3, 4))
+    with pytest.raises(RuntimeError, match="at most 16 rows"):
+        ops().skinny_linear(torch.zeros(17, 4), torch.zeros(3, 4))
     with pytest.raises(RuntimeError, match="both be float32 or both bfloat16"):
         ops().skinny_linear(torch.zeros(1, 4), torch.zeros(3, 4).bfloat16())
 
@@ -87,10 +88,10 @@ def test_gemv_kernel_avx2_on_an_avx512_cpu():
 
 
 @pytest.mark.parametrize("gemv_weights", ["off", "on"])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 32, 333, 2048])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 12, 16, 32, 333, 2048])
 def test_packed_linear_matches_float64(rows, gemv_weights):
-    """Every row count gives the float64 products, whichever kernel serves it: the GEMV kernel on 1-4 rows
-    when the plain copies are kept, the packed GEMM otherwise; with the copies off they are released."""
+    """Every row count gives the float64 products, whichever kernel serves it: the GEMV kernel on few rows
+    (up to 4-16 by CPU and dtype) when the plain copies are kept, the packed GEMM otherwise; with the copies off they are released."""
     torch.manual_seed(rows)
     model = _Model(96, 80)
     plain = {n: getattr(model.layers[0], n).detach().clone() for n in ("qkv_weight", "down_weight")}

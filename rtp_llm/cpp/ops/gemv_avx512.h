@@ -7,7 +7,7 @@
 
 namespace rtp_llm {
 
-constexpr int64_t kGemvMaxRows = 8;
+constexpr int64_t kGemvMaxRows = 16;
 
 // Whether this CPU runs the AVX-512 kernel (decided once; RTP_LLM_CPU_NO_AVX512=1 turns it off).
 bool gemv_avx512_enabled();

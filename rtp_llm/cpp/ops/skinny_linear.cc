@@ -1,4 +1,4 @@
-// out = x @ W^T (+ bias) for a few rows x [M <= 8, K] and a plain weight W [N, K]: the decode GEMV of
+// out = x @ W^T (+ bias) for a few rows x [M <= 16, K] and a plain weight W [N, K]: the decode GEMV of
 // steps of 1-4 sequences, which is memory-bound: every weight byte is read once per step for very little
 // arithmetic. Splits N across threads (at::parallel_for) and streams four weight rows at a time against
 // the input rows taken in pairs (8 independent FMA chains; dot4 below). float32 and bfloat16 weights
@@ -139,7 +139,7 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& w, const std::op
     return out;
 }
 
-// Which kernel serves this CPU: "avx512" (1-8 rows in one pass), "avx2" (rows in pairs) or "scalar".
+// Which kernel serves this CPU: "avx512" (up to 8 rows per pass), "avx2" (rows in pairs) or "scalar".
 std::string gemv_isa() {
 #ifdef __AVX2__
     return gemv_avx512_enabled() ? "avx512" : "avx2";
