@@ -15,8 +15,7 @@
 - RMSNorm, residual add + RMSNorm and RoPE: one C++ op each (rtp_llm/cpp/ops/fused_norm_rotary.cc)
   instead of 6-12 aten ops, whose dispatch dominates them at decode batch sizes (float32 and bfloat16);
 - the SiLU-gated activation: one vectorised pass (rtp_llm/cpp/ops/silu_and_mul.cc) instead of three;
-- a step of a few rows (where the GEMV kernel applies) that are all decodes or short chunks: every
-  decoder layer in one C++ call
+- a step whose rows are all decodes or short chunks (any batch size): every decoder layer in one C++ call
   (rtp_llm/cpp/ops/decode_layers.cc), the same kernels in the same order, so bit-identical, without ~18
   Python-level torch calls per layer that leave the memory bus idle (~3 ms of a 21 ms batch-1 step);
 - top-k/top-p: the C++ twin of the operator (rtp_llm/cpp/ops/top_k_top_p.cc), bit-identical masks
@@ -139,13 +138,13 @@ class CpuOps(TorchOps):
         return torch.nn.functional.silu(gate).mul_(up)  # one temporary instead of two
 
     def decode_layers(self, model, x, cos, sin, kv, attn, meta):
-        # Where the layer-by-layer path would take the GEMV kernel in every linear layer (plain weights kept,
-        # few rows), every row goes through the paged attention kernel (decodes, short chunks after a cached
-        # prefix: rtp_llm/layers/attention/cpu.py), and the KV cache has the model's dtype.
+        # Every row goes through the paged attention kernel (decodes, short chunks after a cached prefix:
+        # rtp_llm/layers/attention/cpu.py), no tensor parallelism, the KV cache in the model's dtype. The C++ op
+        # picks each linear kernel as linear() does (GEMV up to the same row count, then the blocked copy).
         first = model.layers[0]
         if not (self.fuse_decode_layers and getattr(meta, "all_paged", False) and model.tp is None
                 and x.dtype in self.FUSED_DTYPES and kv.dtype == x.dtype == cos.dtype
-                and self._gemv(x, first.qkv_weight)):
+                and first.qkv_weight.dtype == x.dtype):
             return None
         weights = self._layer_weights.get(id(model))
         if weights is None:
@@ -153,10 +152,12 @@ class CpuOps(TorchOps):
                 w for layer in model.layers for w in (
                     layer.input_norm, layer.qkv_weight, layer.qkv_bias, layer.q_norm, layer.k_norm, layer.o_weight,
                     layer.o_bias, layer.post_norm, layer.gate_up_weight, layer.gate_up_bias, layer.down_weight,
-                    layer.down_bias)]
+                    layer.down_bias, *(self._packed.get(id(p)) for p in (layer.qkv_weight, layer.o_weight,
+                                                                         layer.gate_up_weight, layer.down_weight)))]
         return self._kernels.decode_layers(x.contiguous(), weights, kv.buffer, cos.contiguous(), sin.contiguous(),
                                            meta.slots, meta.paged_table, meta.paged_lens, first.num_heads,
-                                           first.num_kv_heads, model.cfg.rms_norm_eps, attn.scale)
+                                           first.num_kv_heads, model.cfg.rms_norm_eps, attn.scale,
+                                           self._gemv_rows.get(x.dtype, 0))
 
     def top_k_top_p(self, logits, k, p):
         if k is None and p is None:

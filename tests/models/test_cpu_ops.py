@@ -91,7 +91,8 @@ def test_gemv_kernel_avx2_on_an_avx512_cpu():
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 12, 16, 32, 333, 2048])
 def test_packed_linear_matches_float64(rows, gemv_weights):
     """Every row count gives the float64 products, whichever kernel serves it: the GEMV kernel on few rows
-    (up to 4-16 by CPU and dtype) when the plain copies are kept, the packed GEMM otherwise; with the copies off they are released."""
+    (up to 4-16 by CPU and dtype) when the plain copies are kept, the packed GEMM otherwise; with the copies
+    off they are released."""
     torch.manual_seed(rows)
     model = _Model(96, 80)
     plain = {n: getattr(model.layers[0], n).detach().clone() for n in ("qkv_weight", "down_weight")}
@@ -241,20 +242,26 @@ def test_packed_bf16_linear_accumulates_in_fp32(rows):
     assert rel < 2 ** -7  # one bf16 rounding of the result (8 significant bits)
 
 
-@pytest.mark.parametrize("variant,dtype", [("llama_gqa4_tied_attnbias", "float32"),
-                                           ("qwen3_gqa2_headdim32_untied", "float32"),
-                                           ("qwen2_gqa4_bias_untied", "bfloat16")])
-def test_decode_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, variant, dtype):
+@pytest.mark.parametrize("variant,dtype,linear", [("llama_gqa4_tied_attnbias", "float32", "gemv"),
+                                                  ("qwen3_gqa2_headdim32_untied", "float32", "gemv"),
+                                                  ("qwen2_gqa4_bias_untied", "bfloat16", "gemv"),
+                                                  ("llama_gqa4_tied_attnbias", "float32", "packed"),
+                                                  ("qwen2_gqa4_bias_untied", "bfloat16", "packed")])
+def test_decode_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, variant, dtype, linear):
     """The C++ decode_layers op runs the same kernels in the same order as the Python layers: bit-identical
     logits and KV cache over a prefill, several decode steps of 1-2 sequences and a step with a short chunk
-    (biases, Qwen3's q/k norms, bf16)."""
+    (biases, Qwen3's q/k norms, bf16), with the GEMV kernel or (as for decode batches past its row count)
+    oneDNN's packed GEMM in the linear layers."""
     from rtp_llm.cache import KVBuffer
     from rtp_llm.layers.attention import get_backend
     from rtp_llm.models.forward_batch import ForwardBatch
 
     make_checkpoint(tmp_path, variant)
-    model, cfg = load_model(str(tmp_path), ops=CpuOps(gemv_weights="on"), dtype=dtype)
+    model, cfg = load_model(str(tmp_path), ops=CpuOps(gemv_weights="on" if linear == "gemv" else "off"),
+                            dtype=dtype)
     ops = model.ops
+    assert model.layers[0].qkv_weight.numel() == (0 if linear == "packed" else cfg.hidden_size * (
+        cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim)  # off: only the blocked copies remain
     fused_calls = []
     original = ops.decode_layers
 

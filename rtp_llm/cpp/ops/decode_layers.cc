@@ -1,15 +1,20 @@
-// Every decoder layer of a decode step of a few sequences, in one call: the kernels the Python layer
-// (rtp_llm/models/decoder.py) would call one by one, in the same order on the same tensors, so the result
-// is bit-for-bit the same.
+// Every decoder layer of a step whose rows all go through the paged attention kernel (decodes, and short
+// chunks after a cached prefix: rtp_llm/layers/attention/cpu.py), in one call: the kernels the Python layer
+// (rtp_llm/models/decoder.py with CpuOps) would call one by one, in the same order on the same tensors, with
+// the same choice of linear kernel per row count, so the result is bit-for-bit the same.
 //
-// Why: at batch 1-4 the step streams the weights with the GEMV kernel at the memory bandwidth (~16 ms of
+// Why: at batch 1-16 the step streams the weights with the GEMV kernel at the memory bandwidth (~16 ms of
 // SmolLM2's 538 MB fp32 here) and everything else is overhead: ~18 Python-level torch calls per layer
 // (views, splits, index_put for the KV write, the kernels' dispatch), ~3 ms per step over 30 layers, with
-// the memory bus idle meanwhile. From C++ the same work costs a few microseconds per layer.
+// the memory bus idle meanwhile; larger decode batches (oneDNN's packed GEMM) pay the same. From C++ the
+// same work costs a few microseconds per layer.
 //
-// Applies where the decode GEMV applies (rtp_llm/device/cpu_ops.py decides): plain weights, one new token
-// per sequence, the KV cache in the model's dtype, no tensor parallelism.
+// Linear layers: the GEMV kernel (plain weight) up to gemv_max_rows rows, else oneDNN's packed GEMM on the
+// blocked copy (mkldnn::_linear_pointwise, called through the dispatcher as CpuOps calls it), else
+// at::linear on the plain weight. No tensor parallelism; the KV cache in the model's dtype.
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <torch/library.h>
 
 #include "rtp_llm/cpp/ops/cpu_kernels.h"
@@ -22,9 +27,11 @@
 namespace rtp_llm {
 namespace {
 
-// Per layer, `layer_weights` holds these, in this order (None where the model has no such tensor).
+// Per layer, `layer_weights` holds these, in this order (None where the model has no such tensor; the plain
+// weights may be empty when only the blocked copies (*P) were kept).
 enum Slot : int64_t {
-    kInputNorm, kQkvW, kQkvB, kQNorm, kKNorm, kOW, kOB, kPostNorm, kGateUpW, kGateUpB, kDownW, kDownB, kSlots
+    kInputNorm, kQkvW, kQkvB, kQNorm, kKNorm, kOW, kOB, kPostNorm, kGateUpW, kGateUpB, kDownW, kDownB,
+    kQkvP, kOP, kGateUpP, kDownP, kSlots
 };
 
 std::optional<at::Tensor> opt(const c10::List<std::optional<at::Tensor>>& w, int64_t layer, Slot s) {
@@ -36,6 +43,28 @@ at::Tensor req(const c10::List<std::optional<at::Tensor>>& w, int64_t layer, Slo
     auto t = opt(w, layer, s);
     TORCH_CHECK(t.has_value(), "decode_layers: layer ", layer, " lacks required weight #", static_cast<int64_t>(s));
     return *t;
+}
+
+// x @ W^T (+ b) with oneDNN's blocked weight copy: the op CpuOps._packed_linear calls.
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias) {
+    static const c10::OperatorHandle op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+    torch::jit::Stack stack{x, packed, bias, std::string("none"), c10::List<std::optional<at::Scalar>>(),
+                            std::optional<std::string>(std::string())};
+    op.callBoxed(&stack);
+    return stack[0].toTensor();
+}
+
+// The linear layer as CpuOps.linear decides it: GEMV on few rows, else packed, else at::linear.
+at::Tensor linear(const at::Tensor& x, const c10::List<std::optional<at::Tensor>>& w, int64_t layer, Slot plain,
+                  Slot packed, Slot bias, int64_t gemv_max_rows) {
+    const auto p = opt(w, layer, plain);
+    const auto b = opt(w, layer, bias);
+    if (p && p->numel() > 0 && x.size(0) <= gemv_max_rows) return skinny_linear(x, *p, b);
+    if (const auto blocked = opt(w, layer, packed)) return packed_linear(x, *blocked, b);
+    TORCH_CHECK(p && p->numel() > 0, "decode_layers: layer ", layer, " has neither weight #",
+                static_cast<int64_t>(plain), " nor its blocked copy");
+    return at::linear(x, *p, b);
 }
 
 // cache.view(-1, heads * dim)[slots[t]] = rows[t]
@@ -51,7 +80,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x_in,
                                                  const at::Tensor& kv, const at::Tensor& cos, const at::Tensor& sin,
                                                  const at::Tensor& slots, const at::Tensor& block_table,
                                                  const at::Tensor& kv_lens, int64_t num_heads, int64_t num_kv_heads,
-                                                 double eps, double scale) {
+                                                 double eps, double scale, int64_t gemv_max_rows) {
     const int64_t layers = kv.size(0), tokens = x_in.size(0);
     TORCH_CHECK(x_in.dim() == 2 && x_in.is_contiguous(), "decode_layers: x must be contiguous [tokens, hidden]");
     TORCH_CHECK(static_cast<int64_t>(layer_weights.size()) == layers * kSlots, "decode_layers: ", kSlots,
@@ -76,7 +105,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x_in,
         } else {
             std::tie(h, residual) = add_rms_norm(x, residual, req(layer_weights, i, kInputNorm), eps);
         }
-        auto qkv = skinny_linear(h, req(layer_weights, i, kQkvW), opt(layer_weights, i, kQkvB));
+        auto qkv = linear(h, layer_weights, i, kQkvW, kQkvP, kQkvB, gemv_max_rows);
         auto q = qkv.narrow(1, 0, q_size).reshape({tokens, num_heads, head_dim});
         auto k = qkv.narrow(1, q_size, kv_size).reshape({tokens, num_kv_heads, head_dim});
         auto v = qkv.narrow(1, q_size + kv_size, kv_size).contiguous();
@@ -90,10 +119,10 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x_in,
         write_rows(k, k_cache, sp);
         write_rows(v, v_cache, sp);
         auto o = paged_decode_attention(q, k_cache, v_cache, block_table, kv_lens, scale).reshape({tokens, q_size});
-        x = skinny_linear(o, req(layer_weights, i, kOW), opt(layer_weights, i, kOB));
+        x = linear(o, layer_weights, i, kOW, kOP, kOB, gemv_max_rows);
         std::tie(h, residual) = add_rms_norm(x, residual, req(layer_weights, i, kPostNorm), eps);
-        auto act = silu_and_mul(skinny_linear(h, req(layer_weights, i, kGateUpW), opt(layer_weights, i, kGateUpB)));
-        x = skinny_linear(act, req(layer_weights, i, kDownW), opt(layer_weights, i, kDownB));
+        auto act = silu_and_mul(linear(h, layer_weights, i, kGateUpW, kGateUpP, kGateUpB, gemv_max_rows));
+        x = linear(act, layer_weights, i, kDownW, kDownP, kDownB, gemv_max_rows);
     }
     return {x, residual};
 }
@@ -102,10 +131,14 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x_in,
 
 TORCH_LIBRARY_FRAGMENT(rtp_llm, m) {
     m.def("decode_layers(Tensor x, Tensor?[] layer_weights, Tensor kv, Tensor cos, Tensor sin, Tensor slots, "
-          "Tensor block_table, Tensor kv_lens, int num_heads, int num_kv_heads, float eps, float scale) "
+          "Tensor block_table, Tensor kv_lens, int num_heads, int num_kv_heads, float eps, float scale, "
+          "int gemv_max_rows) "
           "-> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(rtp_llm, CPU, m) { m.impl("decode_layers", &decode_layers); }
+
+// oneDNN's blocked weight copies are MkldnnCPU tensors, which route the whole call to that dispatch key.
+TORCH_LIBRARY_IMPL(rtp_llm, MkldnnCPU, m) { m.impl("decode_layers", &decode_layers); }
 
 }  // namespace rtp_llm
