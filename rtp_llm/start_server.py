@@ -73,12 +73,11 @@ def main(argv: list[str] | None = None) -> int:
 
     name = args["served_model_name"] or (
         SERVED_NAME if config.model is None else os.path.basename(os.path.normpath(config.model)))
-    app = create_app(engine, name, args["api_key"], args["max_body_bytes"])
-
-    @app.on_event("shutdown")
-    async def _stop_engine():
+    def _stop_engine():
         engine.stop_accepting()
         engine.shutdown()  # the engine process closes the engine (and any tensor-parallel workers)
+
+    app = create_app(engine, name, args["api_key"], args["max_body_bytes"], on_shutdown=_stop_engine)
 
     log.info("serving %s as %r on http://%s:%d (device %s, engine process pid %d)", engine.model_path, name,
              args["host"], args["port"], device, engine.pid)

@@ -7,7 +7,8 @@ import json
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator, Optional
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -149,10 +150,18 @@ class Server:
 
 
 def create_app(engine: EngineFront, served_model_name: str, api_key: Optional[str] = None,
-               max_body_bytes: int = 1 << 20) -> FastAPI:
+               max_body_bytes: int = 1 << 20, on_shutdown: Optional[Callable[[], None]] = None) -> FastAPI:
+    """on_shutdown runs once the server has stopped serving (after the graceful drain)."""
     srv = Server(engine, served_model_name)
     max_model_len = srv.max_model_len
-    app = FastAPI(title="rtp-llm", version="0.1.0")
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        yield
+        if on_shutdown is not None:
+            on_shutdown()
+
+    app = FastAPI(title="rtp-llm", version="0.1.0", lifespan=lifespan)
     app.state.server = srv
 
     @app.exception_handler(APIError)
