@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.server_process import BackgroundStream, ServerProcess, free_port, process_alive, wait_exit
+from tests.server.server_process import ServerProcess, free_port, kill_during_stream, process_alive, wait_exit
 
 COMMON = ("--max_model_len", "1024", "--kv_cache_memory_gb", "0.25", "--max_num_seqs", "16")
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Three primary colours are"]
@@ -118,12 +118,7 @@ def test_torchrun_launch(reference):
 def test_killing_a_worker_mid_request_stops_the_server_naming_the_rank():
     srv = ServerProcess(*COMMON, "--tp_size", "2")
     worker = _worker_pid(srv)
-    stream = BackgroundStream(srv.url)
-    assert stream.wait_for_chunks(3), srv.output()[-2000:]
-    os.kill(worker, signal.SIGKILL)
-    code = wait_exit(srv.proc)
-    assert stream.ended(30), "the client stream hung after the worker died"
-    out = srv.output()
+    stream, code, out = kill_during_stream(srv, worker, "worker")
     assert code == 1, out[-3000:]
     assert re.search(r"tensor-parallel worker rank 1 \(pid \d+\) died: signal SIGKILL", out), out[-3000:]
     # The cut-short stream ends with an OpenAI-style error event (the client raises it), naming the rank.

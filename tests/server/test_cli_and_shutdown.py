@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from rtp_llm.config.server_args import FLAGS, ConfigError, resolve
-from tests.server.server_process import BackgroundStream, LongRequest, ServerProcess, process_alive, wait_exit
+from tests.server.server_process import LongRequest, ServerProcess, kill_during_stream, process_alive
 
 
 def _run(*args, env=None):
@@ -106,12 +106,7 @@ def test_engine_process_death_ends_streams_and_stops_the_server():
     and the server exits 1 naming how it died, rather than serving 503s forever."""
     srv = ServerProcess("--max_model_len", "1024", "--kv_cache_memory_gb", "0.05")
     engine = _engine_pid(srv)
-    stream = BackgroundStream(srv.url)
-    assert stream.wait_for_chunks(3), srv.output()[-2000:]
-    os.kill(engine, signal.SIGKILL)
-    code = wait_exit(srv.proc)
-    assert stream.ended(30), "the client stream hung after the engine died"
-    out = srv.output()
+    stream, code, out = kill_during_stream(srv, engine, "engine")
     assert code == 1, out[-3000:]
     assert f"the engine process (pid {engine}) exited: signal SIGKILL" in out, out[-3000:]
     assert len(stream.errors) == 1 and isinstance(stream.errors[0], openai.APIError), stream.errors
