@@ -6,7 +6,7 @@ CpuOps uses, and the GEMV kernel on few rows, at SmolLM2's shapes. Same process,
 
 The default mode repeats one weight, which then sits in cache. --stream runs the four linear layers of
 30 layers with their own weights (425 MB in fp32), as a decode step does, so the weights stream from
-memory: packed GEMM vs the GEMV kernel at 1-8 rows, ms per 30 layers and weight GB/s.
+memory: packed GEMM vs the GEMV kernel at 1-16 rows, ms per 30 layers and weight GB/s.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 // Why a second kernel: with AVX2's 16 registers, 5-8 input rows cannot all meet a weight vector in one
 // pass, so the AVX2 kernel takes them in pairs and re-reads each weight block from L1, and the memory bus
 // idles while the later pairs compute (8 rows fp32: ~22 ms per 30 SmolLM2 layers, slower than oneDNN's
-// packed GEMM). With 32 registers all rows (up to 8) x a few weight rows are accumulated in one pass, so
-// every weight byte is loaded once and the stream never pauses.
+// packed GEMM). With 32 registers all rows (up to 8; 9-16 in two passes) x a few weight rows are accumulated
+// in one pass, so every weight byte is loaded once and the stream never pauses.
 //
 // Summation order, per output: one 16-lane accumulator over k (in steps of 16, the tail masked), its lanes
 // summed in one fixed tree (reduce1 / reduce8); the same for every row count and grouping, so a sequence's

@@ -1,5 +1,5 @@
 // out = x @ W^T (+ bias) for a few rows x [M <= 16, K] and a plain weight W [N, K]: the decode GEMV of
-// steps of 1-4 sequences, which is memory-bound: every weight byte is read once per step for very little
+// steps of a few sequences, which is memory-bound: every weight byte is read once per step for very little
 // arithmetic. Splits N across threads (at::parallel_for) and streams four weight rows at a time against
 // the input rows taken in pairs (8 independent FMA chains; dot4 below). float32 and bfloat16 weights
 // (bf16 products and fp32 accumulation, rounded once at the end, as torch does). From ~5 rows oneDNN's
