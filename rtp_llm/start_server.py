@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
     name = args["served_model_name"] or (
         SERVED_NAME if config.model is None else os.path.basename(os.path.normpath(config.model)))
+
     def _stop_engine():
         engine.stop_accepting()
         engine.shutdown()  # the engine process closes the engine (and any tensor-parallel workers)

@@ -37,8 +37,8 @@ class CpuAttention(TorchRefAttention):
 
     # Up to this many new tokens a sequence's rows are attended one by one by the paged kernel (row j of a
     # chunk of q new tokens over kv keys sees kv - q + j + 1 of them): the KV is re-read per row, which costs
-    # less than the reference path's gather, mask and scatter for a handful of rows. It is also the row count
-    # up to which a whole step can run in one C++ call (CpuOps.decode_layers).
+    # less than the reference path's gather, mask and scatter for a handful of rows. A step whose rows are all
+    # paged runs every layer in one C++ call (CpuOps.decode_layers).
     PAGED_MAX_Q = 8
 
     def __init__(self, *args, **kwargs):
