@@ -186,9 +186,12 @@ void gemv_any(const T* w, const float* x, const float* bias, T* out, int64_t m, 
 
 bool gemv_avx512_enabled() {
     // RTP_LLM_CPU_NO_AVX512=1 keeps the AVX2 kernel on an AVX-512 CPU (tests run both).
-    static const bool on = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-                           !(std::getenv("RTP_LLM_CPU_NO_AVX512") && std::strcmp(std::getenv("RTP_LLM_CPU_NO_AVX512"), "0"));
+    static const bool on = [] {
+        const char* off = std::getenv("RTP_LLM_CPU_NO_AVX512");
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+               !(off && std::strcmp(off, "0") != 0);
+    }();
     return on;
 }
 
