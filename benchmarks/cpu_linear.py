@@ -1,12 +1,13 @@
-"""The CPU linear layers: F.linear (MKL; packs the weight on every call) against the oneDNN-packed weights
-CpuOps uses, and the GEMV kernel on few rows, at SmolLM2's shapes. Same process, alternating, GFLOP/s.
+"""The CPU linear layers at SmolLM2's shapes, same process, alternating: F.linear (MKL; packs the weight on
+every call), oneDNN's packed GEMM (the kernel CpuOps used before the panel kernel, and still uses for bf16 and
+on CPUs without AVX-512), the plain-layout GEMV kernel on few rows, and the panel kernel (fp32, AVX-512).
 
     python -m benchmarks.cpu_linear [--rows 1 4 32 4096]
-    python -m benchmarks.cpu_linear --stream [--dtype float32 bfloat16]
+    python -m benchmarks.cpu_linear --stream [--dtype float32 bfloat16] [--stream-rows 1 8 16 32 64]
 
-The default mode repeats one weight, which then sits in cache. --stream runs the four linear layers of
-30 layers with their own weights (425 MB in fp32), as a decode step does, so the weights stream from
-memory: packed GEMM vs the GEMV kernel at 1-16 rows, ms per 30 layers and weight GB/s.
+The default mode repeats one weight, which then sits in cache (GFLOP/s). --stream runs the four linear layers
+of 30 layers with their own weights (425 MB in fp32), as a decode step does, so the weights stream from
+memory: ms per 30 layers and weight GB/s, each kernel in turn over 3 rounds (min-max).
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 32, 4096])
     ap.add_argument("--stream", action="store_true", help="30 layers of weights streamed from memory")
     ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], help="with --stream")
+    ap.add_argument("--stream-rows", type=int, nargs="+", default=[1, 2, 4, 8, 12, 16, 24, 32, 48, 64])
     args = ap.parse_args()
     from rtp_llm._native import ops
 
     kernels = ops()
     if args.stream:
-        return _stream(kernels, args.dtype)
+        return _stream(kernels, args.dtype, args.stream_rows)
+    panel = torch.ops.rtp_llm.panel_linear_enabled()
     print(f"threads {torch.get_num_threads()}")
     for rows in args.rows:
         for name, (k, n) in SHAPES.items():
@@ -53,17 +56,25 @@ def main() -> None:
             line = f"rows {rows:5d} {name:8s} F.linear {flop / t_mkl:6.1f}  oneDNN packed {flop / t_dnn:6.1f}"
             if rows <= 4:
                 line += f"  GEMV kernel {flop / _time(lambda: kernels.skinny_linear(x, w), reps):6.1f}"
+            if panel:
+                panels = torch.ops.rtp_llm.pack_panels(w)
+                line += f"  panel kernel {flop / _time(lambda: torch.ops.rtp_llm.panel_linear(x, panels, None, n), reps):6.1f}"
             print(line + f"  GFLOP/s  (packed / F.linear {t_mkl / t_dnn:.2f}x)", flush=True)
 
 
-def _stream(kernels, dtypes, layers: int = 30) -> None:
+def _stream(kernels, dtypes, row_counts, layers: int = 30, rounds: int = 3) -> None:
     names = [n for n in SHAPES if n != "lm_head"]
+    panel_on = torch.ops.rtp_llm.panel_linear_enabled()
+    gemv_rows = 16  # the GEMV kernel's limit (rtp_llm/cpp/ops/gemv_avx512.h)
     for name in dtypes:
         dtype = getattr(torch, name)
         weights = [[torch.randn(SHAPES[n][1], SHAPES[n][0]).to(dtype) for n in names] for _ in range(layers)]
         packed = [[torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in ws] for ws in weights]
+        panels = ([[torch.ops.rtp_llm.pack_panels(w) for w in ws] for ws in weights]
+                  if panel_on and dtype == torch.float32 else None)
+        outs = [SHAPES[n][1] for n in names]
         gb = sum(w.numel() * w.element_size() for ws in weights for w in ws) / 1e9
-        for rows in (1, 2, 4, 8, 10, 12, 16):
+        for rows in row_counts:
             xs = [torch.randn(rows, SHAPES[n][0]).to(dtype) for n in names]
 
             def gemv():
@@ -76,9 +87,23 @@ def _stream(kernels, dtypes, layers: int = 30) -> None:
                     for x, p in zip(xs, ps):
                         torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
 
-            t_gemv, t_gemm = _time(gemv, 5), _time(gemm, 5)
-            print(f"{name} rows {rows}: GEMV kernel {t_gemv * 1e3:6.2f} ms ({gb / t_gemv:5.1f} GB/s)  "
-                  f"oneDNN packed {t_gemm * 1e3:6.2f} ms ({gb / t_gemm:5.1f} GB/s)", flush=True)
+            def panel():
+                for ps in panels:
+                    for x, p, n in zip(xs, ps, outs):
+                        torch.ops.rtp_llm.panel_linear(x, p, None, n)
+
+            kinds = {"oneDNN packed": gemm}
+            if rows <= gemv_rows:
+                kinds["GEMV kernel"] = gemv
+            if panels is not None:
+                kinds["panel kernel"] = panel
+            times = {k: [] for k in kinds}
+            for _ in range(rounds):
+                for k, fn in kinds.items():
+                    times[k].append(_time(fn, 2))
+            print(f"{name} rows {rows:3d}: " + "  ".join(
+                f"{k} {min(t) * 1e3:6.2f}-{max(t) * 1e3:6.2f} ms ({gb / min(t):5.1f} GB/s)" for k, t in times.items()),
+                flush=True)
 
 
 if __name__ == "__main__":

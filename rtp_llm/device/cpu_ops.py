@@ -1,17 +1,21 @@
 """The CPU's fused-op set: torch ops, except
-- linear layers: weights repacked once, at load, into oneDNN's blocked layout and multiplied with
-  oneDNN's fp32 matmul (the kernel family vLLM's CPU backend uses). Against F.linear (MKL, which packs
-  the weight on every call), on SmolLM2's shapes here (benchmarks/cpu_linear.py): 2-3.7x at 4 rows,
-  1.2-1.5x at 32 rows, 1.1-1.2x at 4096 rows. bfloat16 models (--dtype bfloat16) are packed too: bf16
-  dot products with fp32 accumulation;
-- steps of a few rows (decode of up to 16 sequences, a short suffix after a cached prefix) are weight
-  streaming, where oneDNN's packed matmul reaches ~18-22 GB/s here and a plain-layout GEMV kernel
-  (rtp_llm/cpp/ops/skinny_linear.cc, gemv_avx512.cc) ~27-30 GB/s (benchmarks/cpu_linear.py --stream: up
-  to 16 rows fp32 / 8 bf16 with AVX-512, 4 with AVX2 only, where packed catches up): with
-  gemv_weights on, the plain copies stay beside the packed ones for that kernel (the weights' memory
-  twice); off, they are released. auto keeps them when they fit in a quarter of the available memory;
-- the LM head: packed the same way, the GEMV kernel on as few rows; its plain copy always stays (the
-  tied embedding needs it);
+- linear layers, float32 on a CPU with AVX-512: weights repacked once, at load, into 48-column panels and
+  multiplied by the panel kernel (rtp_llm/cpp/ops/panel_linear.cc) at every row count, replacing the plain
+  weights (one copy). Against oneDNN's packed GEMM with SmolLM2's weights streamed from memory
+  (benchmarks/cpu_linear.py --stream, ms per 30 layers): 1 row ~13.5-16 vs ~19-27, 8 rows ~14.5 vs ~22, 16 rows
+  ~20.5 vs ~27.5, 32 rows ~36 vs ~43; at the same speed as the plain-layout GEMV kernel on 1-2 rows, faster
+  from 4. In cache at 4096 rows (prefill) within ~5-10% of oneDNN;
+- other linear layers (bfloat16 models, CPUs without AVX-512): weights repacked once into oneDNN's blocked
+  layout and multiplied with oneDNN's matmul (the kernel family vLLM's CPU backend uses; bf16: the CPU's bf16
+  dot products with fp32 accumulation). Against F.linear (MKL, which packs the weight on every call), on
+  SmolLM2's shapes here (benchmarks/cpu_linear.py): 2-3.7x at 4 rows, 1.2-1.5x at 32 rows, 1.1-1.2x at 4096
+  rows. Steps of a few rows are weight streaming, where oneDNN reaches ~18-22 GB/s here and a plain-layout
+  GEMV kernel (rtp_llm/cpp/ops/skinny_linear.cc, gemv_avx512.cc) ~27-30 GB/s (up to 8 rows bf16 with
+  AVX-512, 4 with AVX2 only, where packed catches up): with gemv_weights on, the plain copies stay beside the
+  packed ones for that kernel (the weights' memory twice); off, they are released. auto keeps them when they
+  fit in a quarter of the available memory;
+- the LM head: packed the same way (panels or blocked), the GEMV kernel on few rows where it applies; its
+  plain copy always stays (the tied embedding needs it);
 - RMSNorm, residual add + RMSNorm and RoPE: one C++ op each (rtp_llm/cpp/ops/fused_norm_rotary.cc)
   instead of 6-12 aten ops, whose dispatch dominates them at decode batch sizes (float32 and bfloat16);
 - the SiLU-gated activation: one vectorised pass (rtp_llm/cpp/ops/silu_and_mul.cc) instead of three;
@@ -34,13 +38,12 @@ def _onednn_available() -> bool:
 class CpuOps(TorchOps):
     name = "cpu"
 
-    # Up to this many rows the GEMV kernel beats the packed GEMM on weights streamed from memory
+    # Up to this many rows the GEMV kernel beats oneDNN's packed GEMM on weights streamed from memory
     # (benchmarks/cpu_linear.py --stream, ms per 30 layers). The AVX2 kernel at 4 rows: fp32 ~17-18 vs ~18.7,
     # bf16 ~9.5 vs ~11.7, at 8 rows packed is faster in both dtypes. The AVX-512 kernel, fp32: 8 rows ~16 vs
-    # ~22-25 (still at the memory bandwidth), 12 rows ~19.5 vs ~23.5, 16 rows ~24.5 vs ~25.7 (and such a step
-    # runs in one decode_layers call: SmolLM2 decode of 10 sequences 48.7 -> 28.3 ms, 16: ~53 -> 43 ms); bf16
-    # (oneDNN has the CPU's bf16 dot products, the kernel widens to fp32): 8 rows ~11.5-14 vs ~11.5-13.7,
-    # packed ahead from 10.
+    # ~22-25 (still at the memory bandwidth), 12 rows ~19.5 vs ~23.5, 16 rows ~24.5 vs ~25.7 (with AVX-512
+    # float32 weights go to the panel kernel instead, faster still); bf16 (oneDNN has the CPU's bf16 dot
+    # products, the kernel widens to fp32): 8 rows ~11.5-14 vs ~11.5-13.7, packed ahead from 10.
     GEMV_MAX_ROWS = {"avx512": {torch.float32: 16, torch.bfloat16: 8},
                      "avx2": {torch.float32: 4, torch.bfloat16: 4}}
     # oneDNN's reorder takes the expected row count as a hint for the blocked format; any count works.
@@ -63,7 +66,11 @@ class CpuOps(TorchOps):
         self._gemv_rows = self.GEMV_MAX_ROWS.get(self._kernels.gemv_isa(), {})
         self._gemv_weights = gemv_weights
         self.keeps_plain_weights = False  # decided in prepare()
-        self._packed: dict[int, torch.Tensor] = {}  # id(weight parameter) -> blocked copy
+        # float32 weights go to the panel kernel where the CPU has AVX-512 (RTP_LLM_CPU_NO_AVX512=1: oneDNN).
+        self.panel_dtypes = (torch.float32,) if self._kernels.panel_linear_enabled() else ()
+        # id(weight parameter) -> the copy the kernel multiplies with: panels (3-D, float32) or oneDNN's blocked
+        self._packed: dict[int, torch.Tensor] = {}
+        self._out_features: dict[int, int] = {}  # id(weight parameter) -> rows of the weight (panels pad them)
         self.fuse_decode_layers = True  # benchmarks and tests switch it off to compare
         self._layer_weights: dict[int, list] = {}  # id(model) -> decode_layers' flat weight list
 
@@ -75,37 +82,54 @@ class CpuOps(TorchOps):
         available, _ = CpuDevice().memory_info()
         return plain_bytes <= self.GEMV_MEMORY_SHARE * available
 
+    def _pack(self, w) -> torch.Tensor:
+        self._out_features[id(w)] = w.shape[0]
+        if w.dtype in self.panel_dtypes:
+            packed = self._kernels.pack_panels(w.data)
+        else:
+            packed = torch.ops.mkldnn._reorder_linear_weight(w.data, self.PACK_ROWS_HINT)
+        self._packed[id(w)] = packed
+        return packed
+
     def prepare(self, model) -> None:
         """Called once after the weights are loaded."""
-        if not _onednn_available():
+        if not (_onednn_available() or self.panel_dtypes):
             return
+        dtypes = self.panel_dtypes if not _onednn_available() else self.PACKED_DTYPES
         weights = [w for layer in model.layers
                    for w in (layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight)
-                   if w.dtype in self.PACKED_DTYPES and w.dim() == 2 and w.numel()]
-        self.keeps_plain_weights = self._keep_plain(sum(w.numel() * w.element_size() for w in weights))
+                   if w.dtype in dtypes and w.dim() == 2 and w.numel()]
+        # The panel kernel serves every row count, so its weights need no plain copy.
+        gemv_weights = [w for w in weights if w.dtype not in self.panel_dtypes]
+        self.keeps_plain_weights = bool(gemv_weights) and self._keep_plain(
+            sum(w.numel() * w.element_size() for w in gemv_weights))
         for w in weights:
-            self._packed[id(w)] = torch.ops.mkldnn._reorder_linear_weight(w.data, self.PACK_ROWS_HINT)
-            if not self.keeps_plain_weights:
-                w.data = torch.empty(0, dtype=w.dtype)  # the blocked copy replaces it
+            self._pack(w)
+            if w.dtype in self.panel_dtypes or not self.keeps_plain_weights:
+                w.data = torch.empty(0, dtype=w.dtype)  # the packed copy replaces it
         head = model.embed if model.lm_head is None else model.lm_head
-        if head.dtype in self.PACKED_DTYPES:
-            self._packed[id(head)] = torch.ops.mkldnn._reorder_linear_weight(head.data, self.PACK_ROWS_HINT)
+        if head.dtype in dtypes:
+            self._pack(head)
 
-    def _packed_linear(self, x, packed, bias):
+    def _packed_linear(self, x, packed, bias, weight):
         shape = x.shape
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]).contiguous(), packed, bias, "none", [], "")
+        x2 = x.reshape(-1, shape[-1]).contiguous()
+        if packed.dim() == 3:  # panels
+            y = self._kernels.panel_linear(x2, packed, bias, self._out_features[id(weight)])
+        else:
+            y = torch.ops.mkldnn._linear_pointwise(x2, packed, bias, "none", [], "")
         return y.reshape(*shape[:-1], y.shape[-1])
 
     def _gemv(self, x, weight) -> bool:
         return (x.dim() == 2 and x.shape[0] <= self._gemv_rows.get(x.dtype, 0) and weight.numel() > 0
-                and x.dtype == weight.dtype)
+                and x.dtype == weight.dtype and weight.dtype not in self.panel_dtypes)
 
     def linear(self, x, weight, bias=None):
         if self._gemv(x, weight):
             return self._kernels.skinny_linear(x, weight, bias)
         packed = self._packed.get(id(weight))
         if packed is not None and x.dtype == packed.dtype:
-            return self._packed_linear(x, packed, bias)
+            return self._packed_linear(x, packed, bias, weight)
         return super().linear(x, weight, bias)
 
     def lm_head(self, h, weight):
@@ -113,7 +137,7 @@ class CpuOps(TorchOps):
             return self._kernels.skinny_linear(h, weight)
         packed = self._packed.get(id(weight))
         if packed is not None and h.dtype == packed.dtype:
-            return self._packed_linear(h, packed, None)
+            return self._packed_linear(h, packed, None, weight)
         return super().lm_head(h, weight)
 
     def rms_norm(self, x, weight, eps):
@@ -140,7 +164,8 @@ class CpuOps(TorchOps):
     def decode_layers(self, model, x, cos, sin, kv, attn, meta):
         # Every row goes through the paged attention kernel (decodes, short chunks after a cached prefix:
         # rtp_llm/layers/attention/cpu.py), no tensor parallelism, the KV cache in the model's dtype. The C++ op
-        # picks each linear kernel as linear() does (GEMV up to the same row count, then the blocked copy).
+        # picks each linear kernel as linear() does (GEMV up to the same row count on plain weights, then the
+        # packed copy: panels or oneDNN's blocked layout).
         first = model.layers[0]
         if not (self.fuse_decode_layers and getattr(meta, "all_paged", False) and model.tp is None
                 and x.dtype in self.FUSED_DTYPES and kv.dtype == x.dtype == cos.dtype
@@ -157,7 +182,7 @@ class CpuOps(TorchOps):
         return self._kernels.decode_layers(x.contiguous(), weights, kv.buffer, cos.contiguous(), sin.contiguous(),
                                            meta.slots, meta.paged_table, meta.paged_lens, first.num_heads,
                                            first.num_kv_heads, model.cfg.rms_norm_eps, attn.scale,
-                                           self._gemv_rows.get(x.dtype, 0))
+                                           self._gemv_rows.get(x.dtype, 0) if x.dtype not in self.panel_dtypes else 0)
 
     def top_k_top_p(self, logits, k, p):
         if k is None and p is None:

@@ -1,5 +1,7 @@
-"""The CPU op set: oneDNN-packed linear layers give the same products as a float64 reference on every row
-count (1 row to a prefill's thousands, 3-D inputs, biases) and release the plain weight copies; the fused
+"""The CPU op set: packed linear layers (panels for float32 on AVX-512, oneDNN's blocked layout otherwise)
+give the same products as a float64 reference on every row count (1 row to a prefill's thousands, 3-D
+inputs, biases) and release the plain weight copies; the panel and GEMV kernels against float64 and
+independent of the rows beside each row; the fused
 RMSNorm / add+RMSNorm / RoPE kernels equal the reference functions (non-contiguous inputs included); and
 whole models on the CPU op set give the logits of the plain torch op set (which tests/models holds to
 transformers)."""
@@ -61,6 +63,44 @@ def check_gemv_kernel(expected_isa: str) -> None:
         ops().skinny_linear(torch.zeros(1, 4), torch.zeros(3, 4).bfloat16())
 
 
+def test_panel_kernel_matches_float64_and_each_row_is_independent_of_the_others():
+    """The panel kernel against float64 products: output widths that are not a multiple of the 48-column
+    panel (zero-padded, masked stores), odd K, biases, every row-block size 1-8 and row counts across the
+    192-row chunks of a prefill. Every output is one FMA chain over k, so each row's result is bit-identical
+    whatever rows share the call and however many threads split the panels."""
+    ops = CpuOps()
+    if not ops.panel_dtypes:
+        pytest.skip("no AVX-512: CpuOps uses oneDNN's packed GEMM (test_packed_linear_matches_float64)")
+    k_ops = ops._kernels
+    g = torch.Generator().manual_seed(7)
+    for m, n, k in ((1, 960, 576), (3, 7, 13), (8, 48, 1536), (17, 50, 37), (33, 97, 576), (70, 576, 64),
+                    (200, 130, 100), (1, 49152, 64)):
+        x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+        panels = k_ops.pack_panels(w)
+        assert panels.shape == ((n + 47) // 48, k, 48)
+        out = k_ops.panel_linear(x, panels, None, n)
+        ref = x.double() @ w.double().t()
+        torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=1e-5)
+        with_bias = k_ops.panel_linear(x, panels, b, n)
+        torch.testing.assert_close(with_bias.double(), ref + b.double(), atol=1e-4, rtol=1e-5)
+        for rows in sorted({1, 2, 5, 9, m // 2, m - 1} - {0}):
+            if rows < m:
+                assert torch.equal(k_ops.panel_linear(x[m - rows:], panels, None, n), out[m - rows:])
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(1)
+            assert torch.equal(k_ops.panel_linear(x, panels, b, n), with_bias)
+        finally:
+            torch.set_num_threads(threads)
+    w = torch.randn(100, 16)
+    with pytest.raises(RuntimeError, match="does not match"):
+        k_ops.panel_linear(torch.randn(2, 16), k_ops.pack_panels(w), None, 200)
+    with pytest.raises(RuntimeError, match="x has 8 columns"):
+        k_ops.panel_linear(torch.randn(2, 8), k_ops.pack_panels(w), None, 100)
+    with pytest.raises(RuntimeError, match="float32"):
+        k_ops.pack_panels(w.bfloat16())
+
+
 def _has_avx512() -> bool:
     try:
         flags = open("/proc/cpuinfo").read()
@@ -90,21 +130,23 @@ def test_gemv_kernel_avx2_on_an_avx512_cpu():
 @pytest.mark.parametrize("gemv_weights", ["off", "on"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 12, 16, 32, 333, 2048])
 def test_packed_linear_matches_float64(rows, gemv_weights):
-    """Every row count gives the float64 products, whichever kernel serves it: the GEMV kernel on few rows
-    (up to 4-16 by CPU and dtype) when the plain copies are kept, the packed GEMM otherwise; with the copies
-    off they are released."""
+    """Every row count gives the float64 products, whichever kernel serves it: on AVX-512 the panel kernel
+    (its panels the only copy of the weights); otherwise the GEMV kernel on few rows (up to 4 with AVX2) when
+    the plain copies are kept, oneDNN's packed GEMM else; with the copies off they are released."""
     torch.manual_seed(rows)
     model = _Model(96, 80)
     plain = {n: getattr(model.layers[0], n).detach().clone() for n in ("qkv_weight", "down_weight")}
     head = model.embed.detach().clone()
     ops = CpuOps(gemv_weights=gemv_weights)
     ops.prepare(model)
-    assert ops.keeps_plain_weights == (gemv_weights == "on")
+    panels = torch.float32 in ops.panel_dtypes
+    assert ops.keeps_plain_weights == (gemv_weights == "on" and not panels)
     x, bias = torch.randn(rows, 80), torch.randn(96)
     for name, w in plain.items():
         packed_w = getattr(model.layers[0], name)
-        # off: released, the blocked copy is the only one; on: the plain copy stays for the GEMV kernel
-        assert packed_w.numel() == (w.numel() if gemv_weights == "on" else 0)
+        # panels, or off: released, the packed copy is the only one; on: the plain copy stays for the GEMV kernel
+        assert packed_w.numel() == (w.numel() if ops.keeps_plain_weights else 0)
+        assert ops._packed[id(packed_w)].dim() == (3 if panels else 2)
         ref = x.double() @ w.double().t() + bias.double()
         torch.testing.assert_close(ops.linear(x, packed_w, bias).double(), ref, atol=1e-4, rtol=1e-5)
         x3 = x.reshape(1, rows, 80)
@@ -203,7 +245,8 @@ def test_prepared_model_logits_equal_the_plain_model(tmp_path, variant, dtype):
     make_checkpoint(tmp_path, variant)
     plain, cfg = load_model(str(tmp_path), ops=TorchOps(), dtype=dtype)
     packed, _ = load_model(str(tmp_path), ops=CpuOps(), dtype=dtype)
-    assert packed.ops.keeps_plain_weights  # auto, for a tiny model: the GEMV kernel serves few-row steps
+    # auto, for a tiny model: the GEMV kernel serves few-row steps, except where panels serve every row count
+    assert packed.ops.keeps_plain_weights == (getattr(torch, dtype) not in packed.ops.panel_dtypes)
     tokens = [list(range(3, 40)), list(range(50, 55))]
     slots = [list(range(0, 37)), list(range(48, 53))]
     table = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [6, 7, 8, 9, 0, 0, 0, 0, 0, 0]], dtype=torch.int32)
@@ -251,7 +294,8 @@ def test_decode_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, varia
     """The C++ decode_layers op runs the same kernels in the same order as the Python layers: bit-identical
     logits and KV cache over a prefill, several decode steps of 1-2 sequences and a step with a short chunk
     (biases, Qwen3's q/k norms, bf16), with the GEMV kernel or (as for decode batches past its row count)
-    oneDNN's packed GEMM in the linear layers."""
+    oneDNN's packed GEMM in the linear layers; float32 on AVX-512: the panel kernel either way (the GEMV and
+    oneDNN variants run in test_oneDNN_and_gemv_paths_on_an_avx512_cpu's process)."""
     from rtp_llm.cache import KVBuffer
     from rtp_llm.layers.attention import get_backend
     from rtp_llm.models.forward_batch import ForwardBatch
@@ -260,8 +304,10 @@ def test_decode_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, varia
     model, cfg = load_model(str(tmp_path), ops=CpuOps(gemv_weights="on" if linear == "gemv" else "off"),
                             dtype=dtype)
     ops = model.ops
-    assert model.layers[0].qkv_weight.numel() == (0 if linear == "packed" else cfg.hidden_size * (
-        cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim)  # off: only the blocked copies remain
+    panels = getattr(torch, dtype) in ops.panel_dtypes
+    assert model.layers[0].qkv_weight.numel() == (0 if linear == "packed" or panels else cfg.hidden_size * (
+        cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim)  # off: only the packed copies remain
+    assert ops._packed[id(model.layers[0].qkv_weight)].dim() == (3 if panels else 2)
     fused_calls = []
     original = ops.decode_layers
 
@@ -300,3 +346,20 @@ def test_decode_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, varia
     for a, b in zip(plain_logits, fused_logits):
         assert torch.equal(a, b)
     assert torch.equal(plain_kv, fused_kv)
+
+
+@pytest.mark.skipif(not _has_avx512(), reason="without AVX-512 the tests above already run these paths")
+def test_oneDNN_and_gemv_paths_on_an_avx512_cpu():
+    """RTP_LLM_CPU_NO_AVX512=1 gives what a CPU without AVX-512 runs for float32: oneDNN's packed GEMM and
+    the AVX2 GEMV kernel instead of the panel kernel. This file's linear-layer and decode_layers tests again,
+    in a process of their own (the choice is made once per process)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, RTP_LLM_CPU_NO_AVX512="1", PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "packed_linear or decode_layers or prepared_model"], env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout and " skipped" not in proc.stdout, proc.stdout[-2000:]

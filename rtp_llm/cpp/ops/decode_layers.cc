@@ -3,21 +3,23 @@
 // (rtp_llm/models/decoder.py with CpuOps) would call one by one, in the same order on the same tensors, with
 // the same choice of linear kernel per row count, so the result is bit-for-bit the same.
 //
-// Why: at batch 1-16 the step streams the weights with the GEMV kernel at the memory bandwidth (~16 ms of
+// Why: at batch 1-16 the step streams the weights at the memory bandwidth (~16 ms of
 // SmolLM2's 538 MB fp32 here) and everything else is overhead: ~18 Python-level torch calls per layer
 // (views, splits, index_put for the KV write, the kernels' dispatch), ~3 ms per step over 30 layers, with
 // the memory bus idle meanwhile; larger decode batches (oneDNN's packed GEMM) pay the same. From C++ the
 // same work costs a few microseconds per layer.
 //
-// Linear layers: the GEMV kernel (plain weight) up to gemv_max_rows rows, else oneDNN's packed GEMM on the
-// blocked copy (mkldnn::_linear_pointwise, called through the dispatcher as CpuOps calls it), else
-// at::linear on the plain weight. No tensor parallelism; the KV cache in the model's dtype.
+// Linear layers: the GEMV kernel (plain weight) up to gemv_max_rows rows, else the packed copy: the panel
+// kernel (panel_linear.cc) on panels, oneDNN's packed GEMM on its blocked copy (mkldnn::_linear_pointwise,
+// called through the dispatcher as CpuOps calls it), else at::linear on the plain weight. No tensor
+// parallelism; the KV cache in the model's dtype.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <torch/library.h>
 
 #include "rtp_llm/cpp/ops/cpu_kernels.h"
+#include "rtp_llm/cpp/ops/panel_linear.h"
 
 #include <cstring>
 #include <optional>
@@ -55,13 +57,17 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const st
     return stack[0].toTensor();
 }
 
-// The linear layer as CpuOps.linear decides it: GEMV on few rows, else packed, else at::linear.
+// The linear layer as CpuOps.linear decides it: GEMV on few rows, else the packed copy (panels, 3-D, or
+// oneDNN's blocked layout), else at::linear. n: the layer's output features (panels are padded to 48).
 at::Tensor linear(const at::Tensor& x, const c10::List<std::optional<at::Tensor>>& w, int64_t layer, Slot plain,
-                  Slot packed, Slot bias, int64_t gemv_max_rows) {
+                  Slot packed, Slot bias, int64_t gemv_max_rows, int64_t n) {
     const auto p = opt(w, layer, plain);
     const auto b = opt(w, layer, bias);
     if (p && p->numel() > 0 && x.size(0) <= gemv_max_rows) return skinny_linear(x, *p, b);
-    if (const auto blocked = opt(w, layer, packed)) return packed_linear(x, *blocked, b);
+    if (const auto copy = opt(w, layer, packed)) {
+        if (!copy->is_mkldnn() && copy->dim() == 3) return panel_linear(x, *copy, b, n);
+        return packed_linear(x, *copy, b);
+    }
     TORCH_CHECK(p && p->numel() > 0, "decode_layers: layer ", layer, " has neither weight #",
                 static_cast<int64_t>(plain), " nor its blocked copy");
     return at::linear(x, *p, b);
@@ -92,6 +98,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x_in,
     TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == tokens,
                 "decode_layers: slots must be int64 [tokens]");
     const int64_t head_dim = kv.size(5), q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+    const int64_t hidden = x_in.size(1);
     const int64_t capacity = kv.size(2) * kv.size(3);
     const int64_t* sp = slots.data_ptr<int64_t>();
     for (int64_t t = 0; t < tokens; ++t)
@@ -105,7 +112,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x_in,
         } else {
             std::tie(h, residual) = add_rms_norm(x, residual, req(layer_weights, i, kInputNorm), eps);
         }
-        auto qkv = linear(h, layer_weights, i, kQkvW, kQkvP, kQkvB, gemv_max_rows);
+        auto qkv = linear(h, layer_weights, i, kQkvW, kQkvP, kQkvB, gemv_max_rows, q_size + 2 * kv_size);
         auto q = qkv.narrow(1, 0, q_size).reshape({tokens, num_heads, head_dim});
         auto k = qkv.narrow(1, q_size, kv_size).reshape({tokens, num_kv_heads, head_dim});
         auto v = qkv.narrow(1, q_size + kv_size, kv_size).contiguous();
@@ -119,10 +126,13 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x_in,
         write_rows(k, k_cache, sp);
         write_rows(v, v_cache, sp);
         auto o = paged_decode_attention(q, k_cache, v_cache, block_table, kv_lens, scale).reshape({tokens, q_size});
-        x = linear(o, layer_weights, i, kOW, kOP, kOB, gemv_max_rows);
+        x = linear(o, layer_weights, i, kOW, kOP, kOB, gemv_max_rows, hidden);
         std::tie(h, residual) = add_rms_norm(x, residual, req(layer_weights, i, kPostNorm), eps);
-        auto act = silu_and_mul(linear(h, layer_weights, i, kGateUpW, kGateUpP, kGateUpB, gemv_max_rows));
-        x = linear(act, layer_weights, i, kDownW, kDownP, kDownB, gemv_max_rows);
+        // gate_up's output features: twice the down projection's input features (what `act` has)
+        const int64_t inter = opt(layer_weights, i, kDownP) ? req(layer_weights, i, kDownP).size(1)
+                                                            : req(layer_weights, i, kDownW).size(1);
+        auto act = silu_and_mul(linear(h, layer_weights, i, kGateUpW, kGateUpP, kGateUpB, gemv_max_rows, 2 * inter));
+        x = linear(act, layer_weights, i, kDownW, kDownP, kDownB, gemv_max_rows, hidden);
     }
     return {x, residual};
 }
