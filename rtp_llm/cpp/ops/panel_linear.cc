@@ -37,6 +37,20 @@ constexpr int64_t kMaxBlockRows = 8;
 // one 48-column strip of all rows at a time (gate_up at 4096 rows: ~130 vs ~190 GFLOP/s).
 constexpr int64_t kRowChunk = 192;
 
+// acc[r][c] += panel row i (48 columns) * x[r, i] for the MR rows.
+template <int MR>
+RTP_AVX512 __attribute__((always_inline)) inline void k_step(const float* __restrict pan, const float* __restrict x,
+                                                             int64_t k, int64_t i, __m512 (&acc)[MR][3]) {
+    const float* w = pan + i * kPanelCols;
+    const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32);
+    for (int r = 0; r < MR; ++r) {
+        const __m512 xb = _mm512_set1_ps(x[r * k + i]);
+        acc[r][0] = _mm512_fmadd_ps(w0, xb, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(w1, xb, acc[r][1]);
+        acc[r][2] = _mm512_fmadd_ps(w2, xb, acc[r][2]);
+    }
+}
+
 // out[r, 0:cols] = x[r, :] . panel (+ bias) for MR rows; meanwhile `lines` cache lines from `prefetch` are
 // requested into L2, `per_step` per k.
 template <int MR>
@@ -45,18 +59,15 @@ RTP_AVX512 void tile(const float* __restrict pan, const float* __restrict x, int
     __m512 acc[MR][3];
     for (int r = 0; r < MR; ++r)
         for (int c = 0; c < 3; ++c) acc[r][c] = _mm512_setzero_ps();
-    int64_t next = 0;
-    for (int64_t i = 0; i < k; ++i) {
-        const float* w = pan + i * kPanelCols;
-        const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32);
-        for (int64_t s = 0; s < per_step && next < lines; ++s, ++next) __builtin_prefetch(prefetch + next * 64, 0, 2);
-        for (int r = 0; r < MR; ++r) {
-            const __m512 xb = _mm512_set1_ps(x[r * k + i]);
-            acc[r][0] = _mm512_fmadd_ps(w0, xb, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(w1, xb, acc[r][1]);
-            acc[r][2] = _mm512_fmadd_ps(w2, xb, acc[r][2]);
-        }
+    // k in steps of 4, the prefetches issued once per step (one loop test per 4 k: 30 layers at 32 rows
+    // ~198 vs ~185 GFLOP/s one k at a time); the same FMA order either way.
+    int64_t next = 0, i = 0;
+    for (; i + 4 <= k; i += 4) {
+        for (int64_t s = 0; s < 4 * per_step && next < lines; ++s, ++next)
+            __builtin_prefetch(prefetch + next * 64, 0, 2);
+        for (int u = 0; u < 4; ++u) k_step<MR>(pan, x, k, i + u, acc);
     }
+    for (; i < k; ++i) k_step<MR>(pan, x, k, i, acc);
     for (int c = 0; c < 3; ++c) {
         const int valid = std::clamp(cols - 16 * c, 0, 16);
         if (valid == 0) break;
