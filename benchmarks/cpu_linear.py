@@ -58,7 +58,8 @@ def main() -> None:
                 line += f"  GEMV kernel {flop / _time(lambda: kernels.skinny_linear(x, w), reps):6.1f}"
             if panel:
                 panels = torch.ops.rtp_llm.pack_panels(w)
-                line += f"  panel kernel {flop / _time(lambda: torch.ops.rtp_llm.panel_linear(x, panels, None, n), reps):6.1f}"
+                t_panel = _time(lambda: torch.ops.rtp_llm.panel_linear(x, panels, None, n), reps)
+                line += f"  panel kernel {flop / t_panel:6.1f}"
             print(line + f"  GFLOP/s  (packed / F.linear {t_mkl / t_dnn:.2f}x)", flush=True)
 
 

@@ -29,8 +29,9 @@ class EngineConfig:
     tp_size: int = 1                        # tensor-parallel ranks (rtp_llm/distributed/)
     tp_timeout_s: float = 120.0             # a collective waiting longer than this fails (a hung rank)
     tp_heartbeat_timeout_s: float = 10.0    # a worker silent this long is reported dead
-    # CPU: keep plain weight copies beside the oneDNN-packed ones for the few-row GEMV kernel (auto: when they
-    # fit in a quarter of the available memory). See rtp_llm/device/cpu_ops.py.
+    # CPU, where linear layers run on oneDNN (bf16; fp32 without AVX-512): keep plain weight copies beside the
+    # packed ones for the few-row GEMV kernel (auto: when they fit in a quarter of the available memory).
+    # fp32 on AVX-512 keeps only the panel copy. See rtp_llm/device/cpu_ops.py.
     cpu_gemv_weights: str = "auto"
 
     def __post_init__(self):

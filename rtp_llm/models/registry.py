@@ -35,7 +35,7 @@ def load_model(
     torch_dtype = parse_dtype(dtype, default=torch.float32 if find_gguf(path) else cfg.dtype)
     model = MODEL_CLASSES[cfg.model_type](cfg, dtype=torch_dtype, device=device, ops=ops, tp=tp)
     model.load_weights(iter_checkpoint(path, cfg, allow_pickle=allow_pickle), progress=progress)
-    model.ops.prepare(model)  # device-specific weight layouts (CPU: oneDNN-packed linears)
+    model.ops.prepare(model)  # device-specific weight layouts (CPU: panel- or oneDNN-packed linears)
     log.info("loaded %s (%s, %d layers, %s) from %s", cfg.architecture, cfg.model_type, cfg.num_layers,
              torch_dtype, path)
     return model.eval(), cfg
