@@ -41,6 +41,10 @@ class TorchOps:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
+    def mlp(self, h: torch.Tensor, gate_up_weight, gate_up_bias, down_weight, down_bias) -> torch.Tensor:
+        """The gated MLP: down(silu(gate) * up). One op so that a device may run it in pieces."""
+        return self.linear(self.silu_and_mul(self.linear(h, gate_up_weight, gate_up_bias)), down_weight, down_bias)
+
     def decode_layers(self, model, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv, attn, meta):
         """All decoder layers of a step in one call: (x, residual) after the last layer, or None where this
         op set has no such path for the step (the model then runs its layers one by one)."""

@@ -73,8 +73,11 @@ class DecoderLayer(nn.Module):
         o = attn.forward(q, k, v, layer_kv, meta).reshape(t, self.q_size)
         x = self._row_parallel(ops, o, self.o_weight, self.o_bias)
         h, residual = ops.add_rms_norm(x, residual, self.post_norm, cfg.rms_norm_eps)
-        gate_up = ops.linear(h, self.gate_up_weight, self.gate_up_bias)
-        x = self._row_parallel(ops, ops.silu_and_mul(gate_up), self.down_weight, self.down_bias)
+        if self.tp is None:
+            x = ops.mlp(h, self.gate_up_weight, self.gate_up_bias, self.down_weight, self.down_bias)
+        else:
+            gate_up = ops.linear(h, self.gate_up_weight, self.gate_up_bias)
+            x = self._row_parallel(ops, ops.silu_and_mul(gate_up), self.down_weight, self.down_bias)
         return x, residual
 
     def _row_parallel(self, ops, x, weight, bias):

@@ -363,3 +363,25 @@ def test_oneDNN_and_gemv_paths_on_an_avx512_cpu():
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert " passed" in proc.stdout and " skipped" not in proc.stdout, proc.stdout[-2000:]
+
+
+def test_prefill_mlp_in_row_pieces_is_bit_identical():
+    """A prefill's MLP runs in pieces of MLP_ROWS rows (its gate_up output then stays in cache); every kernel
+    treats rows independently, so the pieces give exactly the unsplit result, which matches float64."""
+    torch.manual_seed(3)
+    model = _Model(96, 80)
+    model.layers[0].down_weight.data = torch.randn(80, 48)  # down: [hidden, intermediate]
+    ref_w = {n: getattr(model.layers[0], n).detach().clone() for n in ("gate_up_weight", "down_weight")}
+    ops = CpuOps()
+    ops.prepare(model)
+    layer = model.layers[0]
+    h, b1, b2 = torch.randn(1100, 80), torch.randn(96), torch.randn(80)
+    ops.MLP_ROWS = 256
+    pieces = ops.mlp(h, layer.gate_up_weight, b1, layer.down_weight, b2)
+    ops.MLP_ROWS = 1 << 20
+    whole = ops.mlp(h, layer.gate_up_weight, b1, layer.down_weight, b2)
+    if ops.panel_dtypes:
+        assert torch.equal(pieces, whole)
+    gu = h.double() @ ref_w["gate_up_weight"].double().t() + b1.double()
+    want = (torch.nn.functional.silu(gu[:, :48]) * gu[:, 48:]) @ ref_w["down_weight"].double().t() + b2.double()
+    torch.testing.assert_close(pieces.double(), want, atol=1e-3, rtol=1e-4)
