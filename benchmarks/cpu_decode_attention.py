@@ -1,8 +1,9 @@
 """The CPU paged decode-attention kernel on a W-like decode step: 32 sequences with 129-256 cached tokens,
 SmolLM2's 9 query / 3 KV heads of 64, one cache per layer for 30 layers (so the step streams its KV from
-memory as the engine does, ~280 MB in float32). Reports ms per step and the KV bytes read per second.
+memory as the engine does, ~280 MB in float32, on 2 MB pages as the engine allocates it). Reports ms per
+step and the KV bytes read per second.
 
-    python -m benchmarks.cpu_decode_attention [--batch 32] [--dtype float32 bfloat16]
+    python -m benchmarks.cpu_decode_attention [--batch 32] [--dtype float32 bfloat16] [--small-pages]
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ def main() -> None:
     ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--in-order", action="store_true", help="each sequence's blocks consecutive, not shuffled")
+    ap.add_argument("--small-pages", action="store_true",
+                    help="caches on 4 KB pages (the engine puts them on 2 MB pages: CpuOps.zeros_buffer)")
     args = ap.parse_args()
     from rtp_llm._native import ops
 
@@ -36,8 +39,13 @@ def main() -> None:
     table = order.to(torch.int32).reshape(args.batch, width)
     for name in args.dtype:
         dtype = getattr(torch, name)
-        caches = [(torch.randn(blocks, block, kv_heads, dim, generator=g).to(dtype),
-                   torch.randn(blocks, block, kv_heads, dim, generator=g).to(dtype)) for _ in range(args.layers)]
+        def cache():
+            values = torch.randn(blocks, block, kv_heads, dim, generator=g).to(dtype)
+            if args.small_pages:
+                return values
+            return torch.ops.rtp_llm.huge_page_zeros(list(values.shape), dtype).copy_(values)
+
+        caches = [(cache(), cache()) for _ in range(args.layers)]
         q = torch.randn(args.batch, heads, dim, generator=g).to(dtype)
 
         def step():

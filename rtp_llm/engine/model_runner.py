@@ -58,7 +58,7 @@ class ModelRunner:
         self.manager = KVCacheManager(num_blocks, block_size, enable_prefix_cache) if with_manager else None
         heads, kv_heads = model.shard.num_heads, model.shard.num_kv_heads  # this rank's share
         self.kv = KVBuffer(cfg.num_layers, num_blocks, block_size, kv_heads, cfg.head_dim,
-                           dtype=kv_dtype or model.dtype, device=self.device)
+                           dtype=kv_dtype or model.dtype, device=self.device, zeros=(ops or model.ops).zeros_buffer)
         self.attn = get_backend(attention)(heads, kv_heads, cfg.head_dim, cfg.head_dim ** -0.5, block_size)
         self.sampler = Sampler(ops or model.ops)
         self._seq_ids = itertools.count(1)

@@ -17,6 +17,10 @@ class TorchOps:
     def prepare(self, model) -> None:
         """Called once after the weights are loaded; a device may repack them (CpuOps: oneDNN layouts)."""
 
+    def zeros_buffer(self, shape, dtype: torch.dtype, device) -> torch.Tensor:
+        """A large, long-lived zeroed buffer (the KV cache); a device may place it specially (CPU: huge pages)."""
+        return torch.zeros(shape, dtype=dtype, device=device)
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return rms_norm(x, weight, eps)
 

@@ -91,13 +91,16 @@ def test_kernel_rejects_bad_arguments():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("block_size,dim", [(16, 64), (12, 64), (8, 40), (4, 128)])
+@pytest.mark.parametrize("block_size,dim", [(16, 64), (12, 64), (8, 40), (4, 128), (8, 48), (16, 80)])
 @pytest.mark.parametrize("heads,kv_heads", [(2, 1), (6, 3), (5, 1), (12, 2), (3, 3)])
 def test_decode_kernel_paths_against_float64(dtype, block_size, dim, heads, kv_heads):
-    """Every path of the kernel against a float64 softmax over the gathered rows: the AVX2 path (head_dim a
-    multiple of 8) with each query-group size it specialises (1-4 heads per pass, and 5-6 split into passes),
-    the scalar path (head_dim 40), power-of-two and other block sizes (a shift or a division per token),
-    lengths that leave tails after the 8-key and 16-token tiles, batches below and above the thread count."""
+    """Every path of the kernel against a float64 softmax over the gathered rows: on AVX-512 CPUs the
+    AVX-512 path (float32 / bf16, head_dim a multiple of 16: 64- and 128-column value strips and 16-column
+    tails at 48 and 80; 1-3 query heads per pass, 4-6 split into passes), the AVX2 path (float16 here; every
+    dtype in test_cpu_ops's RTP_LLM_CPU_NO_AVX512=1 process) with each query-group size it specialises (1-4
+    heads per pass, and 5-6 split into passes), the scalar path (head_dim 40), power-of-two and other block
+    sizes (a shift or a division per token), lengths that leave tails after the 8-key and 16-token tiles,
+    batches below and above the thread count."""
     from rtp_llm._native import ops
 
     g = torch.Generator().manual_seed(block_size * 1000 + dim + heads)

@@ -350,17 +350,19 @@ def test_decode_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, varia
 
 @pytest.mark.skipif(not _has_avx512(), reason="without AVX-512 the tests above already run these paths")
 def test_oneDNN_and_gemv_paths_on_an_avx512_cpu():
-    """RTP_LLM_CPU_NO_AVX512=1 gives what a CPU without AVX-512 runs for float32: oneDNN's packed GEMM and
-    the AVX2 GEMV kernel instead of the panel kernel. This file's linear-layer and decode_layers tests again,
-    in a process of their own (the choice is made once per process)."""
+    """RTP_LLM_CPU_NO_AVX512=1 gives what a CPU without AVX-512 runs: for float32 oneDNN's packed GEMM and
+    the AVX2 GEMV kernel instead of the panel kernel, and the AVX2 paged-attention path. This file's
+    linear-layer and decode_layers tests and the attention kernel's tests again, in a process of their own
+    (the choice is made once per process)."""
     import os
     import subprocess
     import sys
 
     env = dict(os.environ, RTP_LLM_CPU_NO_AVX512="1", PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                           "packed_linear or decode_layers or prepared_model"], env=env, capture_output=True,
-                          text=True, timeout=900)
+    attention_tests = os.path.join(os.path.dirname(__file__), "test_cpu_attention.py")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, attention_tests,
+                           "-k", "packed_linear or decode_layers or prepared_model or decode_kernel"], env=env,
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert " passed" in proc.stdout and " skipped" not in proc.stdout, proc.stdout[-2000:]
 
@@ -385,3 +387,34 @@ def test_prefill_mlp_in_row_pieces_is_bit_identical():
     gu = h.double() @ ref_w["gate_up_weight"].double().t() + b1.double()
     want = (torch.nn.functional.silu(gu[:, :48]) * gu[:, 48:]) @ ref_w["down_weight"].double().t() + b2.double()
     torch.testing.assert_close(pieces.double(), want, atol=1e-3, rtol=1e-4)
+
+
+def _anon_huge_kb() -> int:
+    for line in open("/proc/meminfo"):
+        if line.startswith("AnonHugePages:"):
+            return int(line.split()[1])
+    return -1
+
+
+def test_kv_cache_buffer_is_zeroed_and_on_huge_pages_where_the_os_allows():
+    """CpuOps.zeros_buffer (the KV cache's allocator): zeros of the asked shape and dtype, writable, freed with
+    the tensor; where transparent huge pages are on request (madvise) or always, the buffer sits on them."""
+    import gc
+
+    ops = CpuOps()
+    buf = ops.zeros_buffer((2, 2, 64, 16, 4, 64), torch.bfloat16, "cpu")
+    assert buf.shape == (2, 2, 64, 16, 4, 64) and buf.dtype == torch.bfloat16 and not buf.any()
+    buf[1, 0, 3] = 2.0
+    assert buf.sum().item() == 2.0 * 16 * 4 * 64
+    del buf
+    gc.collect()
+    try:
+        mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        mode = "[never]"
+    if "[never]" in mode or _anon_huge_kb() < 0:
+        pytest.skip(f"transparent huge pages are off here ({mode.strip()})")
+    before = _anon_huge_kb()
+    big = ops.zeros_buffer((64, 1024, 1024), torch.float32, "cpu")  # 256 MB
+    assert _anon_huge_kb() - before >= 128 * 1024, "the KV cache buffer is not on huge pages"
+    assert not big[::4096].any()

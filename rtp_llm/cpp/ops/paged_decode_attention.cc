@@ -15,47 +15,18 @@
 
 #include "rtp_llm/cpp/ops/cpu_kernels.h"
 #include "rtp_llm/cpp/ops/cpu_vec.h"
+#include "rtp_llm/cpp/ops/gemv_avx512.h"
+#include "rtp_llm/cpp/ops/paged_attention_avx512.h"
+#include "rtp_llm/cpp/ops/paged_rows.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace rtp_llm {
 namespace {
-
-// Block sizes are powers of two in practice (16 on CPU): a shift and a mask, not a 64-bit division per
-// token, which alone cost about as much as the token's arithmetic.
-template <typename T>
-struct SeqRows {
-    const T* base;
-    const int32_t* table;  // this sequence's block ids
-    int64_t block_size, token_stride;
-    int shift = -1;        // log2(block_size) when it is a power of two
-
-    SeqRows(const T* base_, const int32_t* table_, int64_t block_size_, int64_t token_stride_)
-        : base(base_), table(table_), block_size(block_size_), token_stride(token_stride_) {
-        if ((block_size & (block_size - 1)) == 0) shift = __builtin_ctzll(static_cast<unsigned long long>(block_size));
-    }
-    const T* operator()(int64_t j) const {
-        const int64_t blk = shift >= 0 ? j >> shift : j / block_size;
-        const int64_t off = shift >= 0 ? j & (block_size - 1) : j % block_size;
-        return base + (static_cast<int64_t>(table[blk]) * block_size + off) * token_stride;
-    }
-};
-
-// The prefetch distance in tokens: far enough to cover memory latency at the rate a core consumes rows,
-// near enough that the lines are still in L1/L2 when used. Cached blocks are scattered, so the hardware
-// stream prefetchers restart at every block boundary; explicit prefetches keep the lines in flight.
-constexpr int64_t kAheadTokens = 8;
-
-// Into L2 (prefetcht1), not L1: on this machine kind L1-targeted prefetches stall the core once its L1 miss
-// buffers fill (~12 GB/s for a W-like step) while L2-targeted ones keep streaming (~16 GB/s).
-template <typename T>
-inline void prefetch_row(const T* row, int64_t bytes) {
-    const char* p = reinterpret_cast<const char*>(row);
-    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 2);
-}
 
 #ifdef __AVX2__
 // scores[h * len + j] = q_h . k_j for the query heads [h0, h1) of the KV heads [g0, g1), eight keys at a
@@ -215,6 +186,9 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
     const int64_t token_stride = kv_heads * dim;  // one token's row: every KV head, contiguous
 #ifdef __AVX2__
     const bool vectorised = dim % 8 == 0;
+    // float32 / bf16 caches on a CPU with AVX-512 (paged_attention_avx512.cc: half the instructions per key).
+    const bool wide = (std::is_same_v<T, float> || std::is_same_v<T, at::BFloat16>) && dim % 16 == 0 &&
+                      gemv_avx512_enabled();
 #endif
 
     // One task per sequence, tokens in the outer loop and KV heads inside: each token's whole row is
@@ -234,6 +208,15 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
             const SeqRows<T> keys{k_cache.data_ptr<T>(), bt + b * table_width, block_size, token_stride};
             const SeqRows<T> values{v_cache.data_ptr<T>(), bt + b * table_width, block_size, token_stride};
 #ifdef __AVX2__
+            if constexpr (std::is_same_v<T, float> || std::is_same_v<T, at::BFloat16>) {
+                if (wide) {
+                    attention_scores_avx512(keys, qf.data(), len, dim, group, g0, g1, scores.data());
+                    for (int64_t h = h0; h < h1; ++h) softmax_avx2(&scores[h * len], len);
+                    attention_values_avx512(values, scores.data(), len, dim, group, g0, g1, acc.data());
+                    for (int64_t i = h0 * dim; i < h1 * dim; ++i) op[b * heads * dim + i] = static_cast<T>(acc[i]);
+                    continue;
+                }
+            }
             if (vectorised) {
                 scores_avx2(keys, qf.data(), len, dim, group, g0, g1, scores.data());
                 for (int64_t h = h0; h < h1; ++h) softmax_avx2(&scores[h * len], len);

@@ -19,14 +19,13 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "rtp_llm/cpp/ops/cpu_kernels.h"
 #include "rtp_llm/cpp/ops/gemv_avx512.h"
 
 #include <algorithm>
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-
-#define RTP_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")))
+#include "rtp_llm/cpp/ops/avx512_vec.h"
 
 namespace rtp_llm {
 namespace {
@@ -141,10 +140,13 @@ at::Tensor pack_panels(const at::Tensor& w) {
     TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kFloat && w.dim() == 2 && w.numel() > 0,
                 "pack_panels: w must be a non-empty float32 [N, K] CPU tensor");
     const int64_t n = w.size(0), k = w.size(1), np = (n + kPanelCols - 1) / kPanelCols;
-    // [np * 48, K] zero-padded, then each panel's [48, K] block transposed to [K, 48].
+    // [np * 48, K] zero-padded, then each panel's [48, K] block transposed to [K, 48], on 2 MB pages (the
+    // panels are streamed at every step).
     auto padded = at::zeros({np * kPanelCols, k}, w.options());
     padded.narrow(0, 0, n).copy_(w);
-    return padded.view({np, kPanelCols, k}).transpose(1, 2).contiguous();
+    auto panels = huge_page_empty({np, k, kPanelCols}, at::kFloat);
+    panels.copy_(padded.view({np, kPanelCols, k}).transpose(1, 2));
+    return panels;
 }
 
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias,
