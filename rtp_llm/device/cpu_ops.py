@@ -14,8 +14,8 @@
   AVX-512, 4 with AVX2 only, where packed catches up): with gemv_weights on, the plain copies stay beside the
   packed ones for that kernel (the weights' memory twice); off, they are released. auto keeps them when they
   fit in a quarter of the available memory;
-- the LM head: packed the same way (panels or blocked), the GEMV kernel on few rows where it applies; its
-  plain copy always stays (the tied embedding needs it);
+- the LM head: packed the same way (panels or blocked), the GEMV kernel on few rows where it applies; a tied
+  embedding keeps its plain copy (the embedding lookup needs it), an untied head on panels does not;
 - RMSNorm, residual add + RMSNorm and RoPE: one C++ op each (rtp_llm/cpp/ops/fused_norm_rotary.cc)
   instead of 6-12 aten ops, whose dispatch dominates them at decode batch sizes (float32 and bfloat16);
 - the SiLU-gated activation: one vectorised pass (rtp_llm/cpp/ops/silu_and_mul.cc) instead of three;
@@ -120,6 +120,8 @@ class CpuOps(TorchOps):
         head = model.embed if model.lm_head is None else model.lm_head
         if head.dtype in dtypes:
             self._pack(head)
+            if head is model.lm_head and head.dtype in self.panel_dtypes:
+                head.data = torch.empty(0, dtype=head.dtype)  # untied: the panels are its only use
 
     def _packed_linear(self, x, packed, bias, weight):
         shape = x.shape

@@ -155,6 +155,15 @@ def test_packed_linear_matches_float64(rows, gemv_weights):
     torch.testing.assert_close(ops.lm_head(x, model.embed).double(), x.double() @ head.double().t(),
                                atol=1e-4, rtol=1e-5)
     assert model.embed.numel() == head.numel()  # the tied embedding keeps its plain copy
+    untied = _Model(96, 80)
+    untied.lm_head = torch.nn.Parameter(torch.randn(333, 80), requires_grad=False)
+    head = untied.lm_head.detach().clone()
+    ops = CpuOps(gemv_weights=gemv_weights)
+    ops.prepare(untied)
+    torch.testing.assert_close(ops.lm_head(x, untied.lm_head).double(), x.double() @ head.double().t(),
+                               atol=1e-4, rtol=1e-5)
+    # an untied head on panels: released (panels serve every row count); else kept for the GEMV kernel
+    assert untied.lm_head.numel() == (0 if panels else head.numel())
 
 
 @pytest.mark.parametrize("tokens,heads", [(1, 1), (5, 9), (300, 4)])
