@@ -122,3 +122,28 @@ def test_decode_kernel_paths_against_float64(dtype, block_size, dim, heads, kv_h
             w = torch.softmax(K[:, h // group] @ q[b, h].double() * scale, 0)
             tol = 1e-5 if dtype == torch.float32 else 2e-2  # 16-bit outputs: one rounding of the result
             torch.testing.assert_close(out[b, h].double(), w @ V[:, h // group], atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 700])
+def test_write_kv_equals_index_put(tokens):
+    """The C++ KV write puts every row where index_put puts it (k and v as the model slices them out of qkv:
+    strided rows), touches nothing else, and refuses slots outside the cache and dtype mixes."""
+    from rtp_llm._native import ops
+
+    g = torch.Generator().manual_seed(tokens)
+    kvh, d, blocks, bs = 3, 64, 64, 16
+    qkv = torch.randn(tokens, (9 + 2 * kvh) * d, generator=g)
+    k = qkv[:, 9 * d:(9 + kvh) * d].reshape(tokens, kvh, d)
+    v = qkv[:, (9 + kvh) * d:].reshape(tokens, kvh, d)
+    assert tokens == 1 or not k.is_contiguous()
+    slots = torch.randperm(blocks * bs, generator=g)[:tokens]
+    cache = torch.randn(2, blocks, bs, kvh, d, generator=g)
+    want = cache.clone()
+    want[0].view(-1, kvh, d)[slots] = k
+    want[1].view(-1, kvh, d)[slots] = v
+    ops().write_kv(k, v, cache, slots)
+    assert torch.equal(cache, want)
+    with pytest.raises(RuntimeError, match="outside"):
+        ops().write_kv(k, v, cache, torch.full((tokens,), blocks * bs, dtype=torch.int64))
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        ops().write_kv(k.bfloat16(), v.bfloat16(), cache, slots)

@@ -73,14 +73,6 @@ at::Tensor linear(const at::Tensor& x, const c10::List<std::optional<at::Tensor>
     return at::linear(x, *p, b);
 }
 
-// cache.view(-1, heads * dim)[slots[t]] = rows[t]
-void write_rows(const at::Tensor& rows, at::Tensor& cache, const int64_t* slots) {
-    const int64_t n = rows.size(0), width = rows.numel() / n, bytes = width * rows.element_size();
-    auto* dst = static_cast<char*>(cache.data_ptr());
-    const auto* src = static_cast<const char*>(rows.data_ptr());
-    for (int64_t t = 0; t < n; ++t) std::memcpy(dst + slots[t] * bytes, src + t * bytes, bytes);
-}
-
 std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x_in,
                                                  const c10::List<std::optional<at::Tensor>>& layer_weights,
                                                  const at::Tensor& kv, const at::Tensor& cos, const at::Tensor& sin,
@@ -123,8 +115,8 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x_in,
         std::tie(q, k) = rotary(q, k, cos, sin);
         auto layer_kv = kv.select(0, i);
         auto k_cache = layer_kv.select(0, 0), v_cache = layer_kv.select(0, 1);
-        write_rows(k, k_cache, sp);
-        write_rows(v, v_cache, sp);
+        write_kv_rows(k, k_cache, sp);
+        write_kv_rows(v, v_cache, sp);
         auto o = paged_decode_attention(q, k_cache, v_cache, block_table, kv_lens, scale).reshape({tokens, q_size});
         x = linear(o, layer_weights, i, kOW, kOP, kOB, gemv_max_rows, hidden);
         std::tie(h, residual) = add_rms_norm(x, residual, req(layer_weights, i, kPostNorm), eps);

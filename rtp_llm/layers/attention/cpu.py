@@ -87,6 +87,13 @@ class CpuAttention(TorchRefAttention):
         lens = np.repeat(np.asarray(kv_lens, dtype=np.int64)[seqs] - n, n) + within + 1
         return seq, lens
 
+    def write_kv(self, k, v, layer_kv, slots) -> None:
+        # One memcpy per row (rtp_llm/cpp/ops/kv_write.cc) instead of two index_puts: ~2.4x faster on a prefill.
+        if k.dtype == v.dtype == layer_kv.dtype and layer_kv.is_contiguous():
+            self.kernels.write_kv(k, v, layer_kv, slots)
+        else:  # the cache in another dtype: rounded on the way in
+            super().write_kv(k, v, layer_kv, slots)
+
     def forward(self, q, k, v, layer_kv, meta: CpuMeta):
         self.write_kv(k, v, layer_kv, meta.slots)
         if meta.all_paged:
