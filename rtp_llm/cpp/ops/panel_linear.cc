@@ -3,7 +3,7 @@
 // ([ceil(N / 48), K, 48], the last panel zero-padded), so a panel is one contiguous stream.
 //
 // Why: decode steps of 17-64 rows are the bulk of a loaded server's work, and there oneDNN's packed GEMM
-// reached ~150-160 GFLOP/s with SmolLM2's weights streamed from memory (the machine's FMA peak is ~220): its
+// reached ~150-160 GFLOP/s with SmolLM2's weights streamed from memory (the machine's FMA peak is ~230): its
 // weight reads stall the FMAs. Here each thread, while it multiplies all rows by one panel (read from
 // memory once, then from L2 for the other row blocks), prefetches its next panel into L2, so the compute runs
 // from cache and the memory stream runs beside it. benchmarks/cpu_linear.py --stream: 30 SmolLM2 layers at
@@ -32,8 +32,9 @@ namespace {
 
 constexpr int64_t kMaxBlockRows = 8;
 // Rows multiplied by one panel before the next: their x rows (192 x K floats) stay in L2 while every panel
-// passes. Without the chunking, 4096-row prefills re-read all of x from L3 per panel and write the output
-// one 48-column strip of all rows at a time (gate_up at 4096 rows: ~130 vs ~190 GFLOP/s).
+// passes, instead of all of a 4096-row prefill's x being re-read from L3 per panel. (Between 48 and 384 rows
+// the chunk made no measurable difference here; wide outputs such as gate_up at 4096 rows stay slower,
+// ~163 GFLOP/s against ~205-217 for qkv/o/down, which is why CpuOps.mlp splits a prefill's rows.)
 constexpr int64_t kRowChunk = 192;
 
 // acc[r][c] += panel row i (48 columns) * x[r, i] for the MR rows.
