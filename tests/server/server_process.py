@@ -122,7 +122,7 @@ class LongRequest:
 
     def _post(self, url: str) -> None:
         r = httpx.post(url + "/v1/completions", json={"prompt": "Once", "max_tokens": 60, "ignore_eos": True},
-                       timeout=120)
+                       timeout=180)
         self.result["status"], self.result["body"] = r.status_code, r.json()
 
     def join(self, timeout: float = 60) -> dict:
