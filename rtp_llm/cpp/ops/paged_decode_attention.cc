@@ -121,27 +121,19 @@ inline void pv_heads(const T* const* rows, int64_t n, const float* probs, int64_
 template <typename T>
 void weighted_values_avx2(const SeqRows<T>& values, const float* probs, int64_t len, int64_t dim, int64_t group,
                           int64_t g0, int64_t g1, float* acc) {
-    constexpr int64_t kTile = 16;
-    const int64_t row_bytes = values.token_stride * sizeof(T);
     std::fill(acc + g0 * group * dim, acc + g1 * group * dim, 0.f);
-    const T* rows[kTile];
-    for (int64_t t0 = 0; t0 < len; t0 += kTile) {
-        const int64_t n = std::min(kTile, len - t0);
-        for (int64_t t = t0 + kTile; t < std::min(len, t0 + 2 * kTile); ++t) prefetch_row(values(t), row_bytes);
-        for (int64_t g = g0; g < g1; ++g) {
-            for (int64_t t = 0; t < n; ++t) rows[t] = values(t0 + t) + g * dim;
-            for (int64_t h = g * group; h < (g + 1) * group; h += 4) {
-                const float* p = probs + h * len + t0;
-                float* a = acc + h * dim;
-                switch (std::min<int64_t>(4, (g + 1) * group - h)) {
-                    case 4: pv_heads<4>(rows, n, p, len, a, dim); break;
-                    case 3: pv_heads<3>(rows, n, p, len, a, dim); break;
-                    case 2: pv_heads<2>(rows, n, p, len, a, dim); break;
-                    default: pv_heads<1>(rows, n, p, len, a, dim); break;
-                }
+    for_each_value_tile(values, len, dim, g0, g1, [&](const T* const* rows, int64_t n, int64_t t0, int64_t g) {
+        for (int64_t h = g * group; h < (g + 1) * group; h += 4) {
+            const float* p = probs + h * len + t0;
+            float* a = acc + h * dim;
+            switch (std::min<int64_t>(4, (g + 1) * group - h)) {
+                case 4: pv_heads<4>(rows, n, p, len, a, dim); break;
+                case 3: pv_heads<3>(rows, n, p, len, a, dim); break;
+                case 2: pv_heads<2>(rows, n, p, len, a, dim); break;
+                default: pv_heads<1>(rows, n, p, len, a, dim); break;
             }
         }
-    }
+    });
 }
 #endif
 
