@@ -25,7 +25,7 @@ from rtp_llm.engine.model_runner import ModelRunner, kv_block_count, resolve_blo
 from rtp_llm.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from rtp_llm.engine.scheduler import Scheduler, SchedulerOutput
 from rtp_llm.engine.sequence import FinishReason, Request, Sequence, SeqState
-from rtp_llm.sampling import SamplingBatch, SamplingParams
+from rtp_llm.sampling import GreedyTokens, SamplingBatch, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -225,12 +225,22 @@ class LLMEngine:
         try:
             return self.runner.forward([x.seq.seq_id for x in items], [x.tokens for x in items],
                                        [x.start for x in items], [x.slots for x in items],
-                                       [x.samples for x in items], sched.copies)
+                                       [x.samples for x in items], sched.copies, greedy=self._greedy_step(items))
         except Exception as exc:
             if self.tp_runtime is None or isinstance(exc, TPWorkerError):
                 raise
             # The other ranks may be inside this step's collectives: they cannot be resynchronised.
             raise TPWorkerError(f"tensor-parallel step failed on rank 0: {type(exc).__name__}: {exc}") from exc
+
+    def _greedy_step(self, items) -> bool:
+        """Whether only each sampled row's argmax is needed: all greedy, nothing reshaping the logits, no
+        sibling to fork, no stop token banned yet by min_tokens."""
+        for x in items:
+            if x.samples:
+                p = x.seq.request.params
+                if not GreedyTokens.applies(p) or (len(x.seq.output) < p.min_tokens and self._stop_ids(p)):
+                    return False
+        return True
 
     def _sample_rows(self, sched: SchedulerOutput) -> list[tuple[Sequence, int]]:
         """(sequence, logits row) for every token to sample; forks pending siblings off a completed prompt."""
@@ -250,7 +260,10 @@ class LLMEngine:
             r += 1
         return rows
 
-    def _sample(self, logits: torch.Tensor, rows: list[tuple[Sequence, int]]):
+    def _sample(self, logits: torch.Tensor | GreedyTokens, rows: list[tuple[Sequence, int]]):
+        if isinstance(logits, GreedyTokens):  # the model already took each row's argmax (_greedy_step)
+            ids = logits.token_ids.cpu().tolist()
+            return [ids[r] for _, r in rows], None, None, None
         idx = torch.tensor([r for _, r in rows], dtype=torch.long).to(logits.device)
         if len(rows) != logits.shape[0] or any(i != r for i, (_, r) in enumerate(rows)):
             logits = logits.index_select(0, idx)

@@ -68,10 +68,11 @@ class ModelRunner:
 
     def forward(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]], start_positions: Sequence[int],
                 slots: Sequence[np.ndarray], need_logits: Sequence[bool] | None = None,
-                copies: Sequence[tuple[int, int]] = ()) -> torch.Tensor:
+                copies: Sequence[tuple[int, int]] = (), greedy: bool = False):
         """One model call. Sequence i's new tokens sit at start_positions[i].. with slots[i] already
         allocated by the manager; copy-on-write block copies are applied first. Returns float32 logits
-        for the rows that need them."""
+        for the rows that need them, or with `greedy` (all those rows sampled greedily, nothing reshaping
+        their logits) possibly their argmax only (GreedyTokens; never under tensor parallelism)."""
         bs = self.block_size
         width = max((s + len(t) + bs - 1) // bs for s, t in zip(start_positions, tokens))
         table = np.empty((len(seq_ids), width), dtype=np.int32)
@@ -82,10 +83,10 @@ class ModelRunner:
             need = [True] * len(tokens) if need_logits is None else list(need_logits)
             self.tp.send_step(StepMessage([np.asarray(t) for t in tokens], list(start_positions), list(slots), need,
                                           table, list(copies)))
-        return self.execute(tokens, start_positions, slots, table, need_logits, copies)
+        return self.execute(tokens, start_positions, slots, table, need_logits, copies, greedy)
 
-    def execute(self, tokens, start_positions, slots, table: np.ndarray, need_logits=None, copies=()):
+    def execute(self, tokens, start_positions, slots, table: np.ndarray, need_logits=None, copies=(), greedy=False):
         """The model call itself, identical on every tensor-parallel rank (logits only on rank 0)."""
         self.kv.copy_blocks(copies)
         batch = ForwardBatch.build(tokens, start_positions, slots, table, self.block_size, need_logits, self.device)
-        return self.model(batch, self.kv, self.attn)
+        return self.model(batch, self.kv, self.attn, greedy=greedy)

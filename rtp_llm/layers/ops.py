@@ -41,6 +41,11 @@ class TorchOps:
         measurably faster on CPU than F.linear's [R, H] @ [H, V] (about 1.3x at R=32, V=49152)."""
         return (weight @ h.t()).t()
 
+    def greedy_tokens(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """argmax of lm_head(h, weight) per row (ties: the lowest id), for steps whose sampled rows are all
+        greedy with nothing that reshapes their logits. A device may find it without every logit."""
+        return self.lm_head(h, weight).float().argmax(dim=-1)
+
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up

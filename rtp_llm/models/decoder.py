@@ -27,6 +27,7 @@ from rtp_llm.layers.rotary import RotaryEmbedding
 from rtp_llm.models.errors import MissingTensorError, ShapeMismatchError
 from rtp_llm.models.forward_batch import ForwardBatch
 from rtp_llm.models.lazy_tensor import LazyTensor, read_tensor
+from rtp_llm.sampling.sampler import GreedyTokens
 
 
 def _param(shape, dtype, device):
@@ -184,8 +185,10 @@ class DecoderLM(nn.Module):
 
     # --- forward -------------------------------------------------------------------------------------
     @torch.no_grad()
-    def forward(self, batch: ForwardBatch, kv: KVBuffer, attn: AttentionBackend) -> torch.Tensor:
-        """Logits [len(batch.logits_indices), vocab] in float32."""
+    def forward(self, batch: ForwardBatch, kv: KVBuffer, attn: AttentionBackend,
+                greedy: bool = False) -> torch.Tensor | GreedyTokens:
+        """Logits [len(batch.logits_indices), vocab] in float32; with `greedy` (every sampled row greedy, nothing
+        reshaping its logits) and no tensor parallelism, their argmax per row instead (GreedyTokens)."""
         meta = attn.prepare(batch)
         cos, sin = self.rotary.cos_sin(batch.positions, self.dtype, max(batch.kv_lens) - 1)
         x = self._embed(batch.input_ids)
@@ -200,7 +203,7 @@ class DecoderLM(nn.Module):
         h = self.ops.rms_norm(h, self.norm, self.cfg.rms_norm_eps)
         head = self.embed if self.lm_head is None else self.lm_head
         if self.tp is None:
-            return self.ops.lm_head(h, head).float()
+            return GreedyTokens(self.ops.greedy_tokens(h, head)) if greedy else self.ops.lm_head(h, head).float()
         if h.shape[0] == 0:  # every rank knows: the sampled rows are part of the step message
             return h.new_empty((0, self.cfg.vocab_size), dtype=torch.float32)
         return self.tp.gather_vocab(self.ops.lm_head(h, head).float(), self.shard, self.cfg.vocab_size)

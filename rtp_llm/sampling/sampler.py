@@ -89,6 +89,19 @@ class SamplerOutput:
     top_logprobs: Optional[torch.Tensor] = None  # [R, N] float32
 
 
+@dataclass
+class GreedyTokens:
+    """What a model step returns instead of logits when every sampled row is greedy and nothing reshapes the
+    logits (no penalties, logprobs or banned tokens): each row's argmax."""
+    token_ids: torch.Tensor  # [R] int64
+
+    @staticmethod
+    def applies(params: SamplingParams) -> bool:
+        return (params.temperature == 0 and params.n == 1 and params.logprobs is None
+                and params.repetition_penalty == 1 and params.presence_penalty == 0
+                and params.frequency_penalty == 0)
+
+
 def _counts(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
     """[R, V] occurrences of each token; the padding id (vocab) lands in a dropped extra column."""
     out = torch.zeros(tokens.shape[0], vocab + 1, dtype=torch.float32, device=tokens.device)
