@@ -1,5 +1,6 @@
-"""The CPU backend (C++ paged decode kernel + SDPA prefill) against the torch_ref reference and
-against a plain per-head softmax attention, on mixed batches, block sizes, GQA ratios and dtypes."""
+"""The CPU backend (C++ paged decode kernel; C++ prefill kernel, or SDPA without AVX-512) against the
+torch_ref reference and against a plain per-head softmax attention in float64, on mixed batches, block
+sizes, GQA ratios, head sizes and dtypes."""
 
 import pytest
 import torch
@@ -26,13 +27,14 @@ def _batch(block_size, q_lens, ctx_lens):
     return ForwardBatch.build(tokens, starts, slots, table, block_size), num_blocks
 
 
+@pytest.mark.parametrize("prefill_kernel", [True, False])
 @pytest.mark.parametrize("block_size", [1, 16, 128])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (9, 3)])
 @pytest.mark.parametrize("shape", ["decode", "short_chunks", "mixed", "prefill", "fresh_uniform"])
-def test_cpu_backend_matches_torch_ref(block_size, heads, kv_heads, shape):
+def test_cpu_backend_matches_torch_ref(block_size, heads, kv_heads, shape, prefill_kernel):
     """Every path of prepare(): decodes only; decodes and chunks of <= PAGED_MAX_Q tokens (after a cached
-    prefix or fresh), all through the paged kernel row by row; those mixed with longer prefills (SDPA on
-    their rows); longer prefills only; fresh prompts of one length."""
+    prefix or fresh), all through the paged kernel row by row; those mixed with longer prefills (the prefill
+    kernel, or SDPA, on their rows); longer prefills only; fresh prompts of one length."""
     from rtp_llm.layers.attention.cpu import CpuAttention
 
     short = CpuAttention.PAGED_MAX_Q
@@ -51,6 +53,9 @@ def test_cpu_backend_matches_torch_ref(block_size, heads, kv_heads, shape):
     q, k, v = (torch.randn(T, n, d, generator=g) for n in (heads, kv_heads, kv_heads))
     args = (heads, kv_heads, d, d ** -0.5, block_size)
     cpu, ref = get_backend("cpu")(*args), get_backend("torch_ref")(*args)
+    if prefill_kernel and not cpu.prefill_kernel:
+        pytest.skip("the prefill kernel needs AVX-512")
+    cpu.prefill_kernel = prefill_kernel
     meta = cpu.prepare(batch)
     assert meta.all_paged == (shape in ("decode", "short_chunks"))
     assert bool(meta.uniform_fresh) == (shape == "fresh_uniform")
@@ -122,6 +127,81 @@ def test_decode_kernel_paths_against_float64(dtype, block_size, dim, heads, kv_h
             w = torch.softmax(K[:, h // group] @ q[b, h].double() * scale, 0)
             tol = 1e-5 if dtype == torch.float32 else 2e-2  # 16-bit outputs: one rounding of the result
             torch.testing.assert_close(out[b, h].double(), w @ V[:, h // group], atol=tol, rtol=tol)
+
+
+def _float64_attention(q, k, v, table, starts, kv_lens, scale):
+    """Row j of sequence s (n_s rows) over keys [0, kv_len - n_s + j], in float64."""
+    heads, kv_heads, dim, bs = q.shape[1], k.shape[2], q.shape[2], k.shape[1]
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for s, L in enumerate(kv_lens.tolist()):
+        slots = [int(table[s, j // bs]) * bs + j % bs for j in range(L)]
+        K = k.reshape(-1, kv_heads, dim)[slots].double()
+        V = v.reshape(-1, kv_heads, dim)[slots].double()
+        rows = range(int(starts[s]), int(starts[s + 1]))
+        ctx = L - len(rows)
+        for j, r in enumerate(rows):
+            for h in range(heads):
+                g = h // (heads // kv_heads)
+                w = torch.softmax(K[: ctx + j + 1, g] @ q[r, h].double() * scale, 0)
+                out[r, h] = w @ V[: ctx + j + 1, g]
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size,dim,heads,kv_heads", [(16, 64, 9, 3), (12, 48, 4, 1), (4, 128, 6, 2),
+                                                           (16, 80, 2, 2), (128, 16, 12, 3)])
+def test_prefill_kernel_against_float64(dtype, block_size, dim, heads, kv_heads):
+    """The prefill kernel on sequences of 1-150 new rows after 0-90 cached keys (tails after its 6-vector
+    query tiles, 16- and 64-key score blocks and 64-column value strips; row blocks of one long sequence),
+    shuffled blocks, strided q rows (a column slice of qkv, as the model passes it), against float64; and
+    each sequence's rows the same whatever other sequences share the call."""
+    from rtp_llm._native import ops
+
+    if ops().gemv_isa() != "avx512":
+        pytest.skip("the prefill kernel needs AVX-512")
+    g = torch.Generator().manual_seed(block_size * 100 + dim)
+    rows, ctx = [1, 7, 65, 150, 20], [0, 90, 3, 0, 47]
+    lens = [r + c for r, c in zip(rows, ctx)]
+    width = (max(lens) + block_size - 1) // block_size
+    nb = len(rows) * width + 2
+    table = torch.randperm(nb, generator=g)[: len(rows) * width].to(torch.int32).reshape(len(rows), width)
+    k = torch.randn(nb, block_size, kv_heads, dim, generator=g).to(dtype)
+    v = torch.randn(nb, block_size, kv_heads, dim, generator=g).to(dtype)
+    qkv = torch.randn(sum(rows), (heads + 2 * kv_heads) * dim, generator=g).to(dtype)
+    q = qkv[:, : heads * dim].view(-1, heads, dim)
+    assert not q.is_contiguous()
+    starts = torch.tensor([0] + rows).cumsum(0)
+    kv_lens = torch.tensor(lens)
+    scale = dim ** -0.5
+    out = ops().prefill_attention(q, k, v, table, starts, kv_lens, scale)
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.double(), _float64_attention(q, k, v, table, starts, kv_lens, scale), atol=tol,
+                               rtol=tol)
+    # sequence 3 alone: the same bits
+    alone = ops().prefill_attention(q[int(starts[3]):int(starts[4])], k, v, table[3:4].contiguous(),
+                                    torch.tensor([0, rows[3]]), kv_lens[3:4], scale)
+    assert torch.equal(alone, out[int(starts[3]):int(starts[4])])
+
+
+def test_prefill_kernel_rejects_bad_arguments():
+    from rtp_llm._native import ops
+
+    if ops().gemv_isa() != "avx512":
+        pytest.skip("the prefill kernel needs AVX-512")
+    k = torch.zeros(4, 16, 2, 64)
+    q = torch.zeros(5, 4, 64)
+    table = torch.zeros(1, 4, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="kv_len"):  # more rows than keys
+        ops().prefill_attention(q, k, k, table, torch.tensor([0, 5]), torch.tensor([4]), 1.0)
+    with pytest.raises(RuntimeError, match="capacity"):
+        ops().prefill_attention(q, k, k, table, torch.tensor([0, 5]), torch.tensor([65]), 1.0)
+    with pytest.raises(RuntimeError, match="q_starts must run"):
+        ops().prefill_attention(q, k, k, table, torch.tensor([0, 4]), torch.tensor([5]), 1.0)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        ops().prefill_attention(torch.zeros(5, 4, 40), torch.zeros(4, 16, 2, 40), torch.zeros(4, 16, 2, 40), table,
+                                torch.tensor([0, 5]), torch.tensor([5]), 1.0)
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        ops().prefill_attention(q.bfloat16(), k, k, table, torch.tensor([0, 5]), torch.tensor([5]), 1.0)
 
 
 @pytest.mark.parametrize("tokens", [1, 5, 700])
