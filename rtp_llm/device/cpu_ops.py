@@ -15,7 +15,12 @@
   packed ones for that kernel (the weights' memory twice); off, they are released. auto keeps them when they
   fit in a quarter of the available memory;
 - the LM head: packed the same way (panels or blocked), the GEMV kernel on few rows where it applies; a tied
-  embedding keeps its plain copy (the embedding lookup needs it), an untied head on panels does not;
+  embedding keeps its plain copy (the embedding lookup needs it), an untied head on panels does not, unless
+  the greedy screen reads it;
+- greedy steps (every sampled row greedy, nothing reshaping the logits): a float32 head on panels, on CPUs with
+  avx512_bf16, finds each row's argmax through a bf16 copy of the head with a proven per-logit error bound,
+  then recomputes the few candidates in fp32 in the panel kernel's order (rtp_llm/cpp/ops/greedy_head.cc):
+  the same ids as the logits' argmax, without computing every logit in fp32;
 - RMSNorm, residual add + RMSNorm and RoPE: one C++ op each (rtp_llm/cpp/ops/fused_norm_rotary.cc)
   instead of 6-12 aten ops, whose dispatch dominates them at decode batch sizes (float32 and bfloat16);
 - the SiLU-gated activation: one vectorised pass (rtp_llm/cpp/ops/silu_and_mul.cc) instead of three;
@@ -69,7 +74,9 @@ class CpuOps(TorchOps):
         self._gemv_weights = gemv_weights
         self.keeps_plain_weights = False  # decided in prepare()
         # float32 weights go to the panel kernel where the CPU has AVX-512 (RTP_LLM_CPU_NO_AVX512=1: oneDNN).
-        self.panel_dtypes = (torch.float32,) if self._kernels.panel_linear_enabled() else ()
+        # bfloat16 too where the CPU has avx512_bf16 (the kernel's bf16 dot products, fp32 sums).
+        self.panel_dtypes = ((torch.float32,) if self._kernels.panel_linear_enabled() else ()) + (
+            (torch.bfloat16,) if self._kernels.panel_linear_bf16_enabled() else ())
         # id(weight parameter) -> the copy the kernel multiplies with: panels (3-D, float32) or oneDNN's blocked
         self._packed: dict[int, torch.Tensor] = {}
         self._out_features: dict[int, int] = {}  # id(weight parameter) -> rows of the weight (panels pad them)
@@ -95,9 +102,14 @@ class CpuOps(TorchOps):
             return super().zeros_buffer(shape, dtype, device)
         return self._kernels.huge_page_zeros(list(shape), dtype)
 
+    def _on_panels(self, w) -> bool:
+        # bf16 panels hold k in pairs: even widths only (an odd one keeps oneDNN), so that a pair panel's
+        # width is always 2 x its pairs (decode_layers reads the MLP width off the down projection's panels).
+        return w.dtype in self.panel_dtypes and (w.dtype == torch.float32 or w.shape[1] % 2 == 0)
+
     def _pack(self, w) -> torch.Tensor:
         self._out_features[id(w)] = w.shape[0]
-        if w.dtype in self.panel_dtypes:
+        if self._on_panels(w):
             packed = self._kernels.pack_panels(w.data)
         else:
             packed = torch.ops.mkldnn._reorder_linear_weight(w.data, self.PACK_ROWS_HINT)
@@ -113,21 +125,23 @@ class CpuOps(TorchOps):
                    for w in (layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight)
                    if w.dtype in dtypes and w.dim() == 2 and w.numel()]
         # The panel kernel serves every row count, so its weights need no plain copy.
-        gemv_weights = [w for w in weights if w.dtype not in self.panel_dtypes]
+        gemv_weights = [w for w in weights if not self._on_panels(w)]
         self.keeps_plain_weights = bool(gemv_weights) and self._keep_plain(
             sum(w.numel() * w.element_size() for w in gemv_weights))
         for w in weights:
+            on_panels = self._on_panels(w)
             self._pack(w)
-            if w.dtype in self.panel_dtypes or not self.keeps_plain_weights:
+            if on_panels or not self.keeps_plain_weights:
                 w.data = torch.empty(0, dtype=w.dtype)  # the packed copy replaces it
         head = model.embed if model.lm_head is None else model.lm_head
         if head.dtype in dtypes:
+            on_panels = self._on_panels(head)
             self._pack(head)
-            screen = (head.dtype in self.panel_dtypes and self.greedy_screen and head.numel()
+            screen = (on_panels and head.dtype == torch.float32 and self.greedy_screen and head.numel()
                       and self._kernels.greedy_screen_enabled() and bool(torch.isfinite(head).all()))
             if screen:  # the exact recompute of the few candidates reads the plain rows: kept
                 self._screens[id(head)] = self._kernels.pack_greedy_screen(head.data)
-            elif head is model.lm_head and head.dtype in self.panel_dtypes:
+            elif head is model.lm_head and on_panels:
                 head.data = torch.empty(0, dtype=head.dtype)  # untied: the panels are its only use
 
     def _packed_linear(self, x, packed, bias, weight):
@@ -147,7 +161,7 @@ class CpuOps(TorchOps):
         if self._gemv(x, weight):
             return self._kernels.skinny_linear(x, weight, bias)
         packed = self._packed.get(id(weight))
-        if packed is not None and x.dtype == packed.dtype:
+        if packed is not None and x.dtype == weight.dtype:  # (bf16 panels are int32 pairs)
             return self._packed_linear(x, packed, bias, weight)
         return super().linear(x, weight, bias)
 
@@ -155,7 +169,7 @@ class CpuOps(TorchOps):
         if self._gemv(h, weight):
             return self._kernels.skinny_linear(h, weight)
         packed = self._packed.get(id(weight))
-        if packed is not None and h.dtype == packed.dtype:
+        if packed is not None and h.dtype == weight.dtype:
             return self._packed_linear(h, packed, None, weight)
         return super().lm_head(h, weight)
 

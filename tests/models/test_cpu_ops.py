@@ -63,26 +63,32 @@ def check_gemv_kernel(expected_isa: str) -> None:
         ops().skinny_linear(torch.zeros(1, 4), torch.zeros(3, 4).bfloat16())
 
 
-def test_panel_kernel_matches_float64_and_each_row_is_independent_of_the_others():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_panel_kernel_matches_float64_and_each_row_is_independent_of_the_others(dtype):
     """The panel kernel against float64 products: output widths that are not a multiple of the 48-column
     panel (zero-padded, masked stores), odd K, biases, every row-block size 1-8 and row counts across the
-    192-row chunks of a prefill. Every output is one FMA chain over k, so each row's result is bit-identical
-    whatever rows share the call and however many threads split the panels."""
+    192-row chunks of a prefill. Every output is one chain of fused adds over k (bf16: exact pair products
+    added high then low, then one rounding to bf16), so each row's result is bit-identical whatever rows
+    share the call and however many threads split the panels."""
     ops = CpuOps()
-    if not ops.panel_dtypes:
-        pytest.skip("no AVX-512: CpuOps uses oneDNN's packed GEMM (test_packed_linear_matches_float64)")
+    if dtype not in ops.panel_dtypes:
+        pytest.skip(f"no {dtype} panels on this CPU: CpuOps uses oneDNN's packed GEMM (test_packed_linear_matches_float64)")
     k_ops = ops._kernels
     g = torch.Generator().manual_seed(7)
+    # float32: the float64 result to 1e-5; bf16: one rounding of the output (2^-8 relative) on top of fp32 sums
+    tol = dict(atol=1e-4, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=2 ** -7)
     for m, n, k in ((1, 960, 576), (3, 7, 13), (8, 48, 1536), (17, 50, 37), (33, 97, 576), (70, 576, 64),
                     (200, 130, 100), (1, 49152, 64)):
-        x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+        x, w, b = (torch.randn(*s, generator=g).to(dtype) for s in ((m, k), (n, k), (n,)))
         panels = k_ops.pack_panels(w)
-        assert panels.shape == ((n + 47) // 48, k, 48)
+        steps = k if dtype == torch.float32 else (k + 1) // 2
+        assert panels.shape == ((n + 47) // 48, steps, 48)
         out = k_ops.panel_linear(x, panels, None, n)
+        assert out.dtype == dtype
         ref = x.double() @ w.double().t()
-        torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(out.double(), ref, **tol)
         with_bias = k_ops.panel_linear(x, panels, b, n)
-        torch.testing.assert_close(with_bias.double(), ref + b.double(), atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(with_bias.double(), ref + b.double(), **tol)
         for rows in sorted({1, 2, 5, 9, m // 2, m - 1} - {0}):
             if rows < m:
                 assert torch.equal(k_ops.panel_linear(x[m - rows:], panels, None, n), out[m - rows:])
@@ -92,13 +98,16 @@ def test_panel_kernel_matches_float64_and_each_row_is_independent_of_the_others(
             assert torch.equal(k_ops.panel_linear(x, panels, b, n), with_bias)
         finally:
             torch.set_num_threads(threads)
-    w = torch.randn(100, 16)
+    w = torch.randn(100, 16).to(dtype)
     with pytest.raises(RuntimeError, match="does not match"):
-        k_ops.panel_linear(torch.randn(2, 16), k_ops.pack_panels(w), None, 200)
+        k_ops.panel_linear(torch.randn(2, 16).to(dtype), k_ops.pack_panels(w), None, 200)
     with pytest.raises(RuntimeError, match="x has 8 columns"):
-        k_ops.panel_linear(torch.randn(2, 8), k_ops.pack_panels(w), None, 100)
-    with pytest.raises(RuntimeError, match="float32"):
-        k_ops.pack_panels(w.bfloat16())
+        k_ops.panel_linear(torch.randn(2, 8).to(dtype), k_ops.pack_panels(w), None, 100)
+    other = torch.bfloat16 if dtype == torch.float32 else torch.float32
+    with pytest.raises(RuntimeError, match="in the weight's dtype"):
+        k_ops.panel_linear(torch.randn(2, 16).to(other), k_ops.pack_panels(w), None, 100)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        k_ops.pack_panels(w.half())
 
 
 def _has_avx512() -> bool:

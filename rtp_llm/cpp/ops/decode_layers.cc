@@ -120,9 +120,11 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x_in,
         auto o = paged_decode_attention(q, k_cache, v_cache, block_table, kv_lens, scale).reshape({tokens, q_size});
         x = linear(o, layer_weights, i, kOW, kOP, kOB, gemv_max_rows, hidden);
         std::tie(h, residual) = add_rms_norm(x, residual, req(layer_weights, i, kPostNorm), eps);
-        // gate_up's output features: twice the down projection's input features (what `act` has)
-        const int64_t inter = opt(layer_weights, i, kDownP) ? req(layer_weights, i, kDownP).size(1)
-                                                            : req(layer_weights, i, kDownW).size(1);
+        // gate_up's output features: twice the down projection's input features (what `act` has); bf16 pair
+        // panels hold those in pairs (CpuOps packs only even widths so)
+        const auto down_p = opt(layer_weights, i, kDownP);
+        const int64_t inter = down_p ? (down_p->scalar_type() == at::kInt ? 2 : 1) * down_p->size(1)
+                                     : req(layer_weights, i, kDownW).size(1);
         auto act = silu_and_mul(linear(h, layer_weights, i, kGateUpW, kGateUpP, kGateUpB, gemv_max_rows, 2 * inter));
         x = linear(act, layer_weights, i, kDownW, kDownP, kDownB, gemv_max_rows, hidden);
     }

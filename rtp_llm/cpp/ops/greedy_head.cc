@@ -34,8 +34,8 @@
 
 namespace rtp_llm {
 
-// Screen panels: [ceil(N / 48), ceil(K / 2), 48] pairs of bf16: the pair (w~[48p + c][2i], w~[48p + c][2i + 1])
-// at [p, i, c] (low half first), the layout vdpbf16ps multiplies against a broadcast pair of x~.
+// The screen is W rounded to bf16 in the bf16 panel kernel's layout (pack_pair_panels), multiplied by that
+// kernel with fp32 outputs.
 constexpr int64_t kScreenCols = kPanelCols;
 
 namespace {
@@ -53,38 +53,8 @@ float round_up(double v) { return static_cast<float>(v * (1.0 + std::ldexp(1.0, 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include "rtp_llm/cpp/ops/avx512_vec.h"
 
-#define RTP_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")))
-
 namespace rtp_llm {
 namespace {
-
-constexpr int64_t kMaxBlockRows = 8;
-
-// out[r, 0:48] = x~_r . screen panel for MR rows (x~ as bf16 pairs, one uint32 per pair).
-template <int MR>
-RTP_AVX512_BF16 void screen_tile(const uint32_t* pan, const uint32_t* xp, int64_t pairs, float* out, int64_t ldo) {
-    __m512 acc[MR][3];
-    for (int r = 0; r < MR; ++r)
-        for (int c = 0; c < 3; ++c) acc[r][c] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < pairs; ++i) {
-        const uint32_t* w = pan + i * kScreenCols;
-        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + 16),
-                       w2 = (__m512bh)_mm512_loadu_si512(w + 32);
-        for (int r = 0; r < MR; ++r) {
-            const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(xp[r * pairs + i]));
-            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], w0, xb);
-            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], w1, xb);
-            acc[r][2] = _mm512_dpbf16_ps(acc[r][2], w2, xb);
-        }
-    }
-    for (int r = 0; r < MR; ++r)
-        for (int c = 0; c < 3; ++c) _mm512_storeu_ps(out + r * ldo + 16 * c, acc[r][c]);
-}
-
-using ScreenFn = void (*)(const uint32_t*, const uint32_t*, int64_t, float*, int64_t);
-constexpr ScreenFn kScreenTiles[kMaxBlockRows + 1] = {nullptr,         &screen_tile<1>, &screen_tile<2>,
-                                                      &screen_tile<3>, &screen_tile<4>, &screen_tile<5>,
-                                                      &screen_tile<6>, &screen_tile<7>, &screen_tile<8>};
 
 // The vocab rows j whose window [a_j - B_j, a_j + B_j] reaches the highest lower end T (in increasing j).
 // B_j = alpha d_j + beta m_j + delta n_j + c0 (bounds = [d; m; n], each [n]). a_j - B_j and a_j + B_j round
@@ -122,11 +92,6 @@ RTP_AVX512 bool screen_candidates(const float* a, const float* bounds, int64_t n
     return true;
 }
 
-bool cpu_has_bf16_dot() {
-    static const bool on = __builtin_cpu_supports("avx512bf16");
-    return on;
-}
-
 }  // namespace
 }  // namespace rtp_llm
 #else
@@ -156,11 +121,10 @@ std::tuple<at::Tensor, at::Tensor> pack_greedy_screen(const at::Tensor& w) {
                 "pack_greedy_screen: w must be a non-empty float32 [N, K] CPU tensor");
     TORCH_CHECK(at::isfinite(w).all().item<bool>(), "pack_greedy_screen: w has non-finite values");
     auto wc = w.contiguous();
-    const int64_t n = wc.size(0), k = wc.size(1), pairs = (k + 1) / 2, np = (n + kScreenCols - 1) / kScreenCols;
-    auto screen = huge_page_zeros({np, pairs, kScreenCols}, at::kInt);
+    const int64_t n = wc.size(0), k = wc.size(1);
+    auto screen = pack_pair_panels(wc);
     auto bounds = at::empty({3, n}, wc.options());  // d_j, m_j, n_j
     const float* wp = wc.data_ptr<float>();
-    auto* sp = reinterpret_cast<uint32_t*>(screen.data_ptr<int32_t>());
     float* bp = bounds.data_ptr<float>();
     at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
         for (int64_t j = begin; j < end; ++j) {
@@ -172,11 +136,6 @@ std::tuple<at::Tensor, at::Tensor> pack_greedy_screen(const at::Tensor& w) {
             }
             bp[j] = round_up(std::sqrt(diff)), bp[n + j] = round_up(std::sqrt(rounded)),
             bp[2 * n + j] = round_up(std::sqrt(exact));
-            uint32_t* col = sp + (j / kScreenCols) * pairs * kScreenCols + j % kScreenCols;
-            for (int64_t i = 0; i < pairs; ++i) {
-                const uint32_t lo = bf16_bits(row[2 * i]), hi = 2 * i + 1 < k ? bf16_bits(row[2 * i + 1]) : 0u;
-                col[i * kScreenCols] = lo | (hi << 16);
-            }
         }
     });
     return {screen, bounds};
@@ -227,24 +186,11 @@ at::Tensor greedy_head(const at::Tensor& h, const at::Tensor& screen, const at::
         c0[r] = round_up(tiny * (sk * nt + k));
     }
 
-    // The screen: approximate logits [rows, np * 48], panels split over threads, rows in blocks of <= 8.
-    std::vector<float> approx(rows * np * kScreenCols);
-    const int64_t ld = np * kScreenCols;
-    const auto* sp = reinterpret_cast<const uint32_t*>(screen.data_ptr<int32_t>());
-#if defined(__x86_64__) && defined(__GNUC__)
-    at::parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
-        const int64_t blocks = (rows + kMaxBlockRows - 1) / kMaxBlockRows;
-        for (int64_t q = begin; q < end; ++q) {
-            int64_t r = 0;
-            for (int64_t blk = 0; blk < blocks; ++blk) {
-                const int64_t mr = (rows - r + (blocks - blk) - 1) / (blocks - blk);
-                kScreenTiles[mr](sp + q * pairs * kScreenCols, xpairs.data() + r * pairs, pairs,
-                                 approx.data() + r * ld + q * kScreenCols, ld);
-                r += mr;
-            }
-        }
-    });
-#endif
+    // The screen: approximate logits [rows, n], the bf16 panel kernel's fp32 sums.
+    std::vector<float> approx(rows * n);
+    const int64_t ld = n;
+    panel_linear_bf16(reinterpret_cast<const uint32_t*>(screen.data_ptr<int32_t>()), xpairs.data(), nullptr,
+                      approx.data(), rows, pairs, n);
 
     // Per row: the threshold, the candidates, their exact logits.
     const float* dn = bounds.data_ptr<float>();

@@ -37,25 +37,63 @@ constexpr int64_t kMaxBlockRows = 8;
 // ~163 GFLOP/s against ~205-217 for qkv/o/down, which is why CpuOps.mlp splits a prefill's rows.)
 constexpr int64_t kRowChunk = 192;
 
+// The two element kinds. Fp32: a panel row is 48 floats per k, x a float per k, one FMA per product. Bf16:
+// a panel row is 48 pairs of bf16 (k = 2i low half, 2i + 1 high half) per pair step i, x a pair of bf16 per
+// step, vdpbf16ps adds both exact products to the fp32 accumulator (high then low, each rounded once).
+struct Fp32 {
+    using W = float;
+    using X = float;
+    using Out = float;
+    RTP_AVX512 static __attribute__((always_inline)) inline void step(__m512& acc, __m512 w, X x) {
+        acc = _mm512_fmadd_ps(w, _mm512_set1_ps(x), acc);
+    }
+    RTP_AVX512 static __attribute__((always_inline)) inline __m512 load(const W* p) { return _mm512_loadu_ps(p); }
+    RTP_AVX512 static inline void store(Out* out, __mmask16 mask, __m512 v) { _mm512_mask_storeu_ps(out, mask, v); }
+};
+
+struct Bf16Pairs {
+    using W = uint32_t;
+    using X = uint32_t;
+    using Out = c10::BFloat16;
+    RTP_AVX512_BF16 static __attribute__((always_inline)) inline void step(__m512& acc, __m512 w, X x) {
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_set1_epi32(static_cast<int>(x)));
+    }
+    RTP_AVX512_BF16 static __attribute__((always_inline)) inline __m512 load(const W* p) {
+        return _mm512_castsi512_ps(_mm512_loadu_si512(p));
+    }
+    // Round to nearest even, as c10::BFloat16 does (the instruction also flushes denormals to zero).
+    RTP_AVX512_BF16 static inline void store(Out* out, __mmask16 mask, __m512 v) {
+        _mm256_mask_storeu_epi16(out, mask, (__m256i)_mm512_cvtneps_pbh(v));
+    }
+};
+
+// The same products kept in float32 (the greedy head's screen needs its values unrounded).
+struct Bf16PairsFloatOut : Bf16Pairs {
+    using Out = float;
+    RTP_AVX512_BF16 static inline void store(Out* out, __mmask16 mask, __m512 v) { _mm512_mask_storeu_ps(out, mask, v); }
+};
+
 // acc[r][c] += panel row i (48 columns) * x[r, i] for the MR rows.
-template <int MR>
-RTP_AVX512 __attribute__((always_inline)) inline void k_step(const float* __restrict pan, const float* __restrict x,
-                                                             int64_t k, int64_t i, __m512 (&acc)[MR][3]) {
-    const float* w = pan + i * kPanelCols;
-    const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32);
+template <typename E, int MR>
+RTP_AVX512_BF16 __attribute__((always_inline)) inline void k_step(const typename E::W* __restrict pan,
+                                                                  const typename E::X* __restrict x, int64_t k,
+                                                                  int64_t i, __m512 (&acc)[MR][3]) {
+    const typename E::W* w = pan + i * kPanelCols;
+    const __m512 w0 = E::load(w), w1 = E::load(w + 16), w2 = E::load(w + 32);
     for (int r = 0; r < MR; ++r) {
-        const __m512 xb = _mm512_set1_ps(x[r * k + i]);
-        acc[r][0] = _mm512_fmadd_ps(w0, xb, acc[r][0]);
-        acc[r][1] = _mm512_fmadd_ps(w1, xb, acc[r][1]);
-        acc[r][2] = _mm512_fmadd_ps(w2, xb, acc[r][2]);
+        const typename E::X xv = x[r * k + i];
+        E::step(acc[r][0], w0, xv);
+        E::step(acc[r][1], w1, xv);
+        E::step(acc[r][2], w2, xv);
     }
 }
 
 // out[r, 0:cols] = x[r, :] . panel (+ bias) for MR rows; meanwhile `lines` cache lines from `prefetch` are
-// requested into L2, `per_step` per k.
-template <int MR>
-RTP_AVX512 void tile(const float* __restrict pan, const float* __restrict x, int64_t k, const float* bias,
-                     float* out, int64_t ldo, int cols, const char* prefetch, int64_t lines, int64_t per_step) {
+// requested into L2, `per_step` per k step. k: steps (fp32: K; bf16: pairs).
+template <typename E, int MR>
+RTP_AVX512_BF16 void tile(const typename E::W* __restrict pan, const typename E::X* __restrict x, int64_t k,
+                          const float* bias, typename E::Out* out, int64_t ldo, int cols, const char* prefetch,
+                          int64_t lines, int64_t per_step) {
     __m512 acc[MR][3];
     for (int r = 0; r < MR; ++r)
         for (int c = 0; c < 3; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -65,46 +103,63 @@ RTP_AVX512 void tile(const float* __restrict pan, const float* __restrict x, int
     for (; i + 4 <= k; i += 4) {
         for (int64_t s = 0; s < 4 * per_step && next < lines; ++s, ++next)
             __builtin_prefetch(prefetch + next * 64, 0, 2);
-        for (int u = 0; u < 4; ++u) k_step<MR>(pan, x, k, i + u, acc);
+        for (int u = 0; u < 4; ++u) k_step<E, MR>(pan, x, k, i + u, acc);
     }
-    for (; i < k; ++i) k_step<MR>(pan, x, k, i, acc);
+    for (; i < k; ++i) k_step<E, MR>(pan, x, k, i, acc);
     for (int c = 0; c < 3; ++c) {
         const int valid = std::clamp(cols - 16 * c, 0, 16);
         if (valid == 0) break;
         const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
         const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + 16 * c) : _mm512_setzero_ps();
         for (int r = 0; r < MR; ++r)
-            _mm512_mask_storeu_ps(out + r * ldo + 16 * c, mask, bias ? _mm512_add_ps(acc[r][c], b) : acc[r][c]);
+            E::store(out + r * ldo + 16 * c, mask, bias ? _mm512_add_ps(acc[r][c], b) : acc[r][c]);
     }
 }
 
-using TileFn = void (*)(const float*, const float*, int64_t, const float*, float*, int64_t, int, const char*,
-                        int64_t, int64_t);
-constexpr TileFn kTiles[kMaxBlockRows + 1] = {nullptr,  &tile<1>, &tile<2>, &tile<3>, &tile<4>,
-                                              &tile<5>, &tile<6>, &tile<7>, &tile<8>};
+template <typename E>
+using TileFn = void (*)(const typename E::W*, const typename E::X*, int64_t, const float*, typename E::Out*,
+                        int64_t, int, const char*, int64_t, int64_t);
+template <typename E>
+constexpr TileFn<E> kTiles[kMaxBlockRows + 1] = {nullptr,        &tile<E, 1>, &tile<E, 2>, &tile<E, 3>, &tile<E, 4>,
+                                                 &tile<E, 5>,    &tile<E, 6>, &tile<E, 7>, &tile<E, 8>};
 
 // Rows [r0, r0 + rows) by panel q, in blocks of at most 8 rows as even as possible (17 rows: 6 + 6 + 5, not
 // 8 + 8 + 1, whose one-row block would be load-bound). With several blocks the next panel's lines are
 // prefetched across them (30 layers at 32 rows: ~34-37 vs ~36-39 ms without). One block reads the weights
 // once, as a single sequential stream the hardware prefetcher follows: explicit prefetches there only cost
 // (1 row: ~16 vs ~13.5 ms per 30 layers).
-RTP_AVX512 void panel_rows(const float* panels, const float* x, const float* bias, float* out, int64_t k,
-                           int64_t n, int64_t q, int64_t r0, int64_t rows, const float* next) {
+template <typename E>
+void panel_rows(const typename E::W* panels, const typename E::X* x, const float* bias, typename E::Out* out,
+                int64_t k, int64_t n, int64_t q, int64_t r0, int64_t rows, const typename E::W* next) {
     const int64_t blocks = (rows + kMaxBlockRows - 1) / kMaxBlockRows;
     const int64_t panel_lines = k * kPanelCols * 4 / 64;
     const int64_t lines_per_block = next && blocks > 1 ? (panel_lines + blocks - 1) / blocks : 0;
     const int64_t per_step = (lines_per_block + k - 1) / k;
     const int cols = static_cast<int>(std::min<int64_t>(kPanelCols, n - q * kPanelCols));
-    const float* pan = panels + q * k * kPanelCols;
+    const typename E::W* pan = panels + q * k * kPanelCols;
     const float* b = bias ? bias + q * kPanelCols : nullptr;
     int64_t r = r0, line = 0;
     for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t left = r0 + rows - r, mr = (left + (blocks - blk) - 1) / (blocks - blk);
         const int64_t lines = std::min(lines_per_block, panel_lines - line);
-        kTiles[mr](pan, x + r * k, k, b, out + r * n + q * kPanelCols, n, cols,
-                   reinterpret_cast<const char*>(next) + line * 64, std::max<int64_t>(lines, 0), per_step);
+        kTiles<E>[mr](pan, x + r * k, k, b, out + r * n + q * kPanelCols, n, cols,
+                      reinterpret_cast<const char*>(next) + line * 64, std::max<int64_t>(lines, 0), per_step);
         line += std::max<int64_t>(lines, 0);
         r += mr;
+    }
+}
+
+template <typename E>
+void panel_linear_any(const typename E::W* panels, const typename E::X* x, const float* bias, typename E::Out* out,
+                      int64_t m, int64_t k, int64_t n) {
+    const int64_t np = (n + kPanelCols - 1) / kPanelCols;
+    for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
+        const int64_t rows = std::min(kRowChunk, m - r0);
+        at::parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
+            for (int64_t q = begin; q < end; ++q)
+                panel_rows<E>(panels, x, bias, out, k, n, q, r0, rows,
+                              q + 1 < end ? panels + (q + 1) * k * kPanelCols : nullptr);
+        });
     }
 }
 
@@ -112,15 +167,22 @@ RTP_AVX512 void panel_rows(const float* panels, const float* x, const float* bia
 
 void panel_linear_avx512(const float* panels, const float* x, const float* bias, float* out, int64_t m, int64_t k,
                          int64_t n) {
-    const int64_t np = (n + kPanelCols - 1) / kPanelCols;
-    for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
-        const int64_t rows = std::min(kRowChunk, m - r0);
-        at::parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
-            for (int64_t q = begin; q < end; ++q)
-                panel_rows(panels, x, bias, out, k, n, q, r0, rows,
-                           q + 1 < end ? panels + (q + 1) * k * kPanelCols : nullptr);
-        });
-    }
+    panel_linear_any<Fp32>(panels, x, bias, out, m, k, n);
+}
+
+void panel_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
+                       int64_t m, int64_t pairs, int64_t n) {
+    panel_linear_any<Bf16Pairs>(panels, x_pairs, bias, out, m, pairs, n);
+}
+
+void panel_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, float* out, int64_t m,
+                       int64_t pairs, int64_t n) {
+    panel_linear_any<Bf16PairsFloatOut>(panels, x_pairs, bias, out, m, pairs, n);
+}
+
+bool cpu_has_bf16_dot() {
+    static const bool on = __builtin_cpu_supports("avx512bf16");
+    return on;
 }
 
 }  // namespace rtp_llm
@@ -129,6 +191,9 @@ void panel_linear_avx512(const float* panels, const float* x, const float* bias,
 
 namespace rtp_llm {
 void panel_linear_avx512(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t) {}
+void panel_linear_bf16(const uint32_t*, const uint32_t*, const float*, c10::BFloat16*, int64_t, int64_t, int64_t) {}
+void panel_linear_bf16(const uint32_t*, const uint32_t*, const float*, float*, int64_t, int64_t, int64_t) {}
+bool cpu_has_bf16_dot() { return false; }
 }  // namespace rtp_llm
 
 #endif
@@ -137,9 +202,29 @@ namespace rtp_llm {
 
 bool panel_linear_enabled() { return gemv_avx512_enabled(); }
 
+bool panel_linear_bf16_enabled() { return panel_linear_enabled() && cpu_has_bf16_dot(); }
+
+at::Tensor pack_pair_panels(const at::Tensor& w) {
+    TORCH_CHECK(w.device().is_cpu() && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16) &&
+                    w.dim() == 2 && w.numel() > 0,
+                "pack_pair_panels: w must be a non-empty float32 or bfloat16 [N, K] CPU tensor");
+    const int64_t n = w.size(0), k = w.size(1), pairs = (k + 1) / 2, np = (n + kPanelCols - 1) / kPanelCols;
+    // [np * 48, 2 * pairs] bf16 zero-padded (float32 rounded to nearest even), then each panel's [48, pairs]
+    // block of 32-bit pairs transposed to [pairs, 48], on 2 MB pages.
+    auto padded = at::zeros({np * kPanelCols, 2 * pairs}, w.options().dtype(at::kBFloat16));
+    padded.narrow(0, 0, n).narrow(1, 0, k).copy_(w);
+    auto panels = huge_page_empty({np, pairs, kPanelCols}, at::kInt);
+    panels.copy_(padded.view(at::kInt).view({np, kPanelCols, pairs}).transpose(1, 2));
+    return panels;
+}
+
 at::Tensor pack_panels(const at::Tensor& w) {
+    if (w.scalar_type() == at::kBFloat16) {
+        TORCH_CHECK(panel_linear_bf16_enabled(), "pack_panels: bfloat16 panels need a CPU with avx512_bf16");
+        return pack_pair_panels(w);
+    }
     TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kFloat && w.dim() == 2 && w.numel() > 0,
-                "pack_panels: w must be a non-empty float32 [N, K] CPU tensor");
+                "pack_panels: w must be a non-empty float32 or bfloat16 [N, K] CPU tensor");
     const int64_t n = w.size(0), k = w.size(1), np = (n + kPanelCols - 1) / kPanelCols;
     // [np * 48, K] zero-padded, then each panel's [48, K] block transposed to [K, 48], on 2 MB pages (the
     // panels are streamed at every step).
@@ -153,13 +238,16 @@ at::Tensor pack_panels(const at::Tensor& w) {
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias,
                         int64_t n) {
     TORCH_CHECK(panel_linear_enabled(), "panel_linear: needs a CPU with AVX-512 (see panel_linear_enabled)");
-    TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2,
-                "panel_linear: x must be a float32 [M, K] CPU tensor");
-    TORCH_CHECK(panels.scalar_type() == at::kFloat && panels.dim() == 3 && panels.size(2) == kPanelCols &&
+    const bool bf16 = panels.scalar_type() == at::kInt;
+    TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == (bf16 ? at::kBFloat16 : at::kFloat),
+                "panel_linear: x must be a [M, K] CPU tensor in the weight's dtype (float32 panels: float32, "
+                "bfloat16 pair panels: bfloat16)");
+    TORCH_CHECK((panels.scalar_type() == at::kFloat || bf16) && panels.dim() == 3 && panels.size(2) == kPanelCols &&
                     panels.is_contiguous(),
-                "panel_linear: panels must be pack_panels' contiguous float32 [ceil(N / 48), K, 48]");
-    TORCH_CHECK(panels.size(1) == x.size(1), "panel_linear: x has ", x.size(1), " columns, the weight ",
-                panels.size(1));
+                "panel_linear: panels must be pack_panels' contiguous [ceil(N / 48), K (bf16: K / 2 pairs), 48]");
+    const int64_t k = x.size(1), steps = bf16 ? (k + 1) / 2 : k;
+    TORCH_CHECK(panels.size(1) == steps, "panel_linear: x has ", k, " columns, the weight ",
+                bf16 ? 2 * panels.size(1) : panels.size(1));
     TORCH_CHECK(n > (panels.size(0) - 1) * kPanelCols && n <= panels.size(0) * kPanelCols, "panel_linear: n = ", n,
                 " does not match ", panels.size(0), " panels");
     at::Tensor b;
@@ -167,11 +255,22 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std
         TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n, "panel_linear: bias must be [", n, "]");
         b = bias->to(at::kFloat).contiguous();
     }
-    auto xc = x.contiguous();
-    auto out = at::empty({xc.size(0), n}, x.options());
-    if (xc.size(0) > 0)
-        panel_linear_avx512(panels.data_ptr<float>(), xc.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,
-                            out.data_ptr<float>(), xc.size(0), xc.size(1), n);
+    const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+    auto out = at::empty({x.size(0), n}, x.options());
+    if (x.size(0) == 0) return out;
+    if (bf16) {
+        TORCH_CHECK(panel_linear_bf16_enabled(), "panel_linear: bfloat16 panels need a CPU with avx512_bf16");
+        // x's rows as 32-bit pairs: a contiguous bf16 row of even length already is; else zero-padded.
+        at::Tensor xp = x.contiguous();
+        if (k % 2) xp = at::constant_pad_nd(xp, {0, 1});
+        panel_linear_bf16(reinterpret_cast<const uint32_t*>(panels.data_ptr<int32_t>()),
+                          reinterpret_cast<const uint32_t*>(xp.data_ptr<at::BFloat16>()), bp,
+                          out.data_ptr<at::BFloat16>(), x.size(0), steps, n);
+    } else {
+        auto xc = x.contiguous();
+        panel_linear_avx512(panels.data_ptr<float>(), xc.data_ptr<float>(), bp, out.data_ptr<float>(), xc.size(0), k,
+                            n);
+    }
     return out;
 }
 
@@ -179,6 +278,7 @@ TORCH_LIBRARY_FRAGMENT(rtp_llm, m) {
     m.def("pack_panels(Tensor w) -> Tensor");
     m.def("panel_linear(Tensor x, Tensor panels, Tensor? bias, int n) -> Tensor");
     m.def("panel_linear_enabled() -> bool", &panel_linear_enabled);
+    m.def("panel_linear_bf16_enabled() -> bool", &panel_linear_bf16_enabled);
 }
 
 TORCH_LIBRARY_IMPL(rtp_llm, CPU, m) {

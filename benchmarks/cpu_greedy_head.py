@@ -1,0 +1,56 @@
+"""Greedy steps' LM head on CPU: the bf16 screen with exact recompute (CpuOps.greedy_tokens,
+rtp_llm/cpp/ops/greedy_head.cc) against the fp32 panel-kernel logits + argmax it replaces, on SmolLM2's
+head shape (49152 x 576), for a few row counts; checks both give the same ids. Reports ms per call
+(median), the head streamed from memory between calls as in a decode step.
+
+    python -m benchmarks.cpu_greedy_head [--rows 1 8 32 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--vocab", type=int, default=49152)
+    ap.add_argument("--hidden", type=int, default=576)
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args()
+    from rtp_llm._native import ops
+
+    k = ops()
+    if not k.greedy_screen_enabled():
+        raise SystemExit("this CPU has no AVX-512 + avx512_bf16: the screen is off here")
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(args.vocab, args.hidden, generator=g) * 0.05
+    panels = k.pack_panels(w)
+    screen, bounds = k.pack_greedy_screen(w)
+    flush = torch.empty(64 << 20, dtype=torch.uint8)  # 64 MB touched between calls: the head leaves the caches
+    for rows in args.rows:
+        # Hidden states aimed at vocab rows, as a trained model's are (random ones give flat logits).
+        h = w[torch.randint(0, args.vocab, (rows,), generator=g)] * 40 + torch.randn(rows, args.hidden, generator=g)
+        full = k.panel_linear(h, panels, None, args.vocab).argmax(dim=-1)
+        assert torch.equal(k.greedy_head(h, screen, bounds, w), full)
+        times = {"full": [], "screen": []}
+        for _ in range(args.repeats):
+            for name in times:
+                flush.fill_(1)
+                t = time.perf_counter()
+                if name == "full":
+                    k.panel_linear(h, panels, None, args.vocab).argmax(dim=-1)
+                else:
+                    k.greedy_head(h, screen, bounds, w)
+                times[name].append(time.perf_counter() - t)
+        f, s = statistics.median(times["full"]) * 1e3, statistics.median(times["screen"]) * 1e3
+        print(f"{rows:3d} rows: fp32 logits + argmax {f:.2f} ms, bf16 screen + exact recompute {s:.2f} ms "
+              f"({f / s:.2f}x)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
