@@ -72,7 +72,8 @@ def test_panel_kernel_matches_float64_and_each_row_is_independent_of_the_others(
     share the call and however many threads split the panels."""
     ops = CpuOps()
     if dtype not in ops.panel_dtypes:
-        pytest.skip(f"no {dtype} panels on this CPU: CpuOps uses oneDNN's packed GEMM (test_packed_linear_matches_float64)")
+        pytest.skip(f"no {dtype} panels on this CPU: CpuOps uses oneDNN's packed GEMM "
+                    "(test_packed_linear_matches_float64)")
     k_ops = ops._kernels
     g = torch.Generator().manual_seed(7)
     # float32: the float64 result to 1e-5; bf16: one rounding of the output (2^-8 relative) on top of fp32 sums
