@@ -71,8 +71,8 @@ def _stream(kernels, dtypes, row_counts, layers: int = 30, rounds: int = 3) -> N
         dtype = getattr(torch, name)
         weights = [[torch.randn(SHAPES[n][1], SHAPES[n][0]).to(dtype) for n in names] for _ in range(layers)]
         packed = [[torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in ws] for ws in weights]
-        panels = ([[torch.ops.rtp_llm.pack_panels(w) for w in ws] for ws in weights]
-                  if panel_on and dtype == torch.float32 else None)
+        on = panel_on if dtype == torch.float32 else torch.ops.rtp_llm.panel_linear_bf16_enabled()
+        panels = [[torch.ops.rtp_llm.pack_panels(w) for w in ws] for ws in weights] if on else None
         outs = [SHAPES[n][1] for n in names]
         gb = sum(w.numel() * w.element_size() for ws in weights for w in ws) / 1e9
         for rows in row_counts:

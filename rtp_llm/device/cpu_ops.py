@@ -5,7 +5,9 @@
   (benchmarks/cpu_linear.py --stream, ms per 30 layers): 1 row ~13.5-16 vs ~19-27, 8 rows ~14.5 vs ~22, 16 rows
   ~20.5 vs ~27.5, 32 rows ~36 vs ~43; at the same speed as the plain-layout GEMV kernel on 1-2 rows, faster
   from 4. In cache at 4096 rows (prefill) within ~5-10% of oneDNN;
-- other linear layers (bfloat16 models, CPUs without AVX-512): weights repacked once into oneDNN's blocked
+- bfloat16 linear layers on a CPU with avx512_bf16: the same panels holding k in bf16 pairs, multiplied with
+  the CPU's bf16 dot products (exact products, fp32 sums, one rounding of the output); even input widths;
+- other linear layers (CPUs without AVX-512, bf16 without avx512_bf16): weights repacked once into oneDNN's blocked
   layout and multiplied with oneDNN's matmul (the kernel family vLLM's CPU backend uses; bf16: the CPU's bf16
   dot products with fp32 accumulation). Against F.linear (MKL, which packs the weight on every call), on
   SmolLM2's shapes here (benchmarks/cpu_linear.py): 2-3.7x at 4 rows, 1.2-1.5x at 32 rows, 1.1-1.2x at 4096
