@@ -27,7 +27,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -107,13 +106,7 @@ bool screen_candidates(const float*, const float*, int64_t, float, float, float,
 
 namespace rtp_llm {
 
-bool greedy_screen_enabled() {
-#if defined(__x86_64__) && defined(__GNUC__)
-    return panel_linear_enabled() && cpu_has_bf16_dot();
-#else
-    return false;
-#endif
-}
+bool greedy_screen_enabled() { return panel_linear_bf16_enabled(); }
 
 std::tuple<at::Tensor, at::Tensor> pack_greedy_screen(const at::Tensor& w) {
     TORCH_CHECK(greedy_screen_enabled(), "pack_greedy_screen: needs a CPU with AVX-512 and avx512_bf16");
