@@ -7,6 +7,8 @@
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
 
+#include "rtp_llm/cpp/ops/cpu_vec.h"
+
 // GCC 12's AVX-512 intrinsics start their shuffles from _mm512_undefined_ps(), which -Wuninitialized flags
 // once they are inlined.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -63,20 +65,16 @@ RTP_AVX512 inline void reduce8(const __m512 a[8], float out[8]) {
     for (int j = 0; j < 4; ++j) out[j] = w[4 * j], out[4 + j] = w[4 * j + 2];
 }
 
-// exp(x), 16 lanes: vec::exp8's method (cpu_vec.h: x = n ln2 + r, the Cephes expf polynomial for e^r, 2^n
-// through the exponent bits; inputs clamped to [-87.3, 88.4]; exp(0) is exactly 1).
+// exp(x), 16 lanes (vec::expf_poly in cpu_vec.h: the same method and constants as vec::exp8).
 RTP_AVX512 inline __m512 exp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.37626f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+    using namespace vec::expf_poly;
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kLow)), _mm512_set1_ps(kHigh));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+    __m512 y = _mm512_set1_ps(kP[0]);
+    for (int i = 1; i < 6; ++i) y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(kP[i]));
     y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.f));
     const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));

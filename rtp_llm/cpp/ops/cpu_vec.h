@@ -32,6 +32,16 @@ inline float dot(const T* a, const float* b, int64_t n) {
     return acc;
 }
 
+// exp(x) to ~1 ulp, the method of exp8 and avx512::exp16: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two
+// for an exact reduction), a degree-6 polynomial for e^r (the Cephes expf coefficients), 2^n through the
+// exponent bits. Inputs are clamped to [kLow, kHigh], where the float32 result is normal; exp(0) is exactly 1.
+namespace expf_poly {
+constexpr float kLow = -87.33654f, kHigh = 88.37626f, kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                         4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+}  // namespace expf_poly
+
 #ifdef __AVX2__
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -85,21 +95,16 @@ inline __m256 hsum8(const __m256 a[8]) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// exp(x) to ~1 ulp: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an exact reduction), a degree-6
-// polynomial for e^r (the Cephes expf coefficients), 2^n through the exponent bits. Inputs are clamped to
-// [-87.3, 88.4], where the float32 result is normal; exp(0) is exactly 1.
+// exp(x), 8 lanes (expf_poly above).
 inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.37626f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+    using namespace expf_poly;
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kLow)), _mm256_set1_ps(kHigh));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+    __m256 y = _mm256_set1_ps(kP[0]);
+    for (int i = 1; i < 6; ++i) y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(kP[i]));
     y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.f));
     const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
