@@ -89,20 +89,31 @@ RTP_AVX512_BF16 __attribute__((always_inline)) inline void k_step(const typename
 }
 
 // out[r, 0:cols] = x[r, :] . panel (+ bias) for MR rows; meanwhile `lines` cache lines from `prefetch` are
-// requested into L2, `per_step` per k step. k: steps (fp32: K; bf16: pairs).
+// requested into L2, `per_step` per k step, and the next tile's output block (`out_next`, MR rows of 48
+// columns at the same stride; null for none) for writing. k: steps (fp32: K; bf16: pairs).
+//
+// Why the output: a prefill's output (SmolLM2's qkv at 4096 rows: 16 MB) is not in cache, and the 3 x MR
+// stores at the end of a tile each wait for their line to be read in (read-for-ownership) with the FMAs
+// stopped; requested one line per 4 k steps during the previous tile, they are there (a stand-alone copy of
+// this loop at 4096 x 576 x 960, 2 cores: ~106 -> ~109 GFLOP/s per core, the tile alone with its output in
+// L1 reaching ~112).
 template <typename E, int MR>
 RTP_AVX512_BF16 void tile(const typename E::W* __restrict pan, const typename E::X* __restrict x, int64_t k,
                           const float* bias, typename E::Out* out, int64_t ldo, int cols, const char* prefetch,
-                          int64_t lines, int64_t per_step) {
+                          int64_t lines, int64_t per_step, const typename E::Out* out_next) {
     __m512 acc[MR][3];
     for (int r = 0; r < MR; ++r)
         for (int c = 0; c < 3; ++c) acc[r][c] = _mm512_setzero_ps();
     // k in steps of 4, the prefetches issued once per step (one loop test per 4 k: 30 layers at 32 rows
     // ~198 vs ~185 GFLOP/s one k at a time); the same FMA order either way.
-    int64_t next = 0, i = 0;
+    int64_t next = 0, i = 0, out_line = out_next ? 0 : 3 * MR;
     for (; i + 4 <= k; i += 4) {
         for (int64_t s = 0; s < 4 * per_step && next < lines; ++s, ++next)
             __builtin_prefetch(prefetch + next * 64, 0, 2);
+        if (out_line < 3 * MR) {  // row out_line / 3, its 16-column group out_line % 3
+            __builtin_prefetch(out_next + (out_line / 3) * ldo + 16 * (out_line % 3), 1, 3);
+            ++out_line;
+        }
         for (int u = 0; u < 4; ++u) k_step<E, MR>(pan, x, k, i + u, acc);
     }
     for (; i < k; ++i) k_step<E, MR>(pan, x, k, i, acc);
@@ -118,7 +129,7 @@ RTP_AVX512_BF16 void tile(const typename E::W* __restrict pan, const typename E:
 
 template <typename E>
 using TileFn = void (*)(const typename E::W*, const typename E::X*, int64_t, const float*, typename E::Out*,
-                        int64_t, int, const char*, int64_t, int64_t);
+                        int64_t, int, const char*, int64_t, int64_t, const typename E::Out*);
 template <typename E>
 constexpr TileFn<E> kTiles[kMaxBlockRows + 1] = {nullptr,        &tile<E, 1>, &tile<E, 2>, &tile<E, 3>, &tile<E, 4>,
                                                  &tile<E, 5>,    &tile<E, 6>, &tile<E, 7>, &tile<E, 8>};
@@ -128,6 +139,8 @@ constexpr TileFn<E> kTiles[kMaxBlockRows + 1] = {nullptr,        &tile<E, 1>, &t
 // prefetched across them (30 layers at 32 rows: ~34-37 vs ~36-39 ms without). One block reads the weights
 // once, as a single sequential stream the hardware prefetcher follows: explicit prefetches there only cost
 // (1 row: ~16 vs ~13.5 ms per 30 layers).
+// next: the panel this thread multiplies after q (null for none), whose first tile's output is at column
+// 48 (q + 1) of row r0.
 template <typename E>
 void panel_rows(const typename E::W* panels, const typename E::X* x, const float* bias, typename E::Out* out,
                 int64_t k, int64_t n, int64_t q, int64_t r0, int64_t rows, const typename E::W* next) {
@@ -142,8 +155,12 @@ void panel_rows(const typename E::W* panels, const typename E::X* x, const float
     for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t left = r0 + rows - r, mr = (left + (blocks - blk) - 1) / (blocks - blk);
         const int64_t lines = std::min(lines_per_block, panel_lines - line);
+        const typename E::Out* out_next = blk + 1 < blocks ? out + (r + mr) * n + q * kPanelCols
+                                          : next        ? out + r0 * n + (q + 1) * kPanelCols
+                                                        : nullptr;
         kTiles<E>[mr](pan, x + r * k, k, b, out + r * n + q * kPanelCols, n, cols,
-                      reinterpret_cast<const char*>(next) + line * 64, std::max<int64_t>(lines, 0), per_step);
+                      reinterpret_cast<const char*>(next) + line * 64, std::max<int64_t>(lines, 0), per_step,
+                      out_next);
         line += std::max<int64_t>(lines, 0);
         r += mr;
     }
