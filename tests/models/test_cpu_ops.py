@@ -111,6 +111,91 @@ def test_panel_kernel_matches_float64_and_each_row_is_independent_of_the_others(
         k_ops.pack_panels(w.half())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gated_panels_give_silu_and_mul_of_the_panel_product_bit_for_bit(dtype):
+    """panel_linear_silu on pack_gated_panels (24 gate + 24 up rows per panel, the SiLU in the GEMM's
+    epilogue) against what it replaces, silu_and_mul(panel_linear(x, pack_panels(w))): identical bits, with
+    biases, intermediate widths that fill no whole panel or no whole 8 (the scalar tail of silu_and_mul),
+    saturated and zero activations, every row-block size and the 192-row chunks; and against float64."""
+    ops = CpuOps()
+    if dtype not in ops.panel_dtypes:
+        pytest.skip(f"no {dtype} panels on this CPU")
+    k_ops = ops._kernels
+    g = torch.Generator().manual_seed(11)
+    for m, inter, k in ((1, 1536, 576), (5, 13, 16), (17, 50, 36), (33, 24, 64), (300, 100, 96), (8, 1, 8)):
+        x = (torch.randn(m, k, generator=g) * 3).to(dtype)
+        w, b = torch.randn(2 * inter, k, generator=g).to(dtype), torch.randn(2 * inter, generator=g)
+        w[0, :] = 0
+        w[0, 0] = 60.0 if m > 1 else 0.0  # gate 0: +-huge for rows with x[:, 0] of either sign (exp saturates)
+        gated = k_ops.pack_gated_panels(w)
+        steps = k if dtype == torch.float32 else (k + 1) // 2
+        assert gated.shape == ((inter + 23) // 24, steps, 48)
+        for bias in (None, b):
+            got = k_ops.panel_linear_silu(x, gated, bias, inter)
+            want = k_ops.silu_and_mul(k_ops.panel_linear(x, k_ops.pack_panels(w), bias, 2 * inter))
+            assert got.dtype == dtype and got.shape == (m, inter)
+            assert torch.equal(got, want), (m, inter, k, bias is None)
+            gu = x.double() @ w.double().t() + (0 if bias is None else bias.double())
+            ref = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
+            # fp32: sums of K products to ~1e-6 of the values' scale; bf16: gate, up, silu and the product
+            # each rounded to 8 bits
+            scale = ref.abs().max().item()
+            tol = (dict(atol=1e-6 * scale, rtol=1e-5) if dtype == torch.float32
+                   else dict(atol=1e-2 * scale, rtol=2 ** -5))
+            torch.testing.assert_close(got.double(), ref, **tol)
+            for rows in sorted({1, 7, m // 2} - {0, m}):
+                assert torch.equal(k_ops.panel_linear_silu(x[m - rows:], gated, bias, inter), got[m - rows:])
+    w = torch.randn(2 * 30, 16).to(dtype)
+    with pytest.raises(RuntimeError, match="pack_gated_panels' .* for intermediate 60 .* got \\[2, "):
+        k_ops.panel_linear_silu(torch.randn(2, 16).to(dtype), k_ops.pack_gated_panels(w), None, 60)
+    with pytest.raises(RuntimeError, match="bias must be \\[60\\]"):
+        k_ops.panel_linear_silu(torch.randn(2, 16).to(dtype), k_ops.pack_gated_panels(w), torch.zeros(30), 30)
+    with pytest.raises(RuntimeError, match="\\[2 x intermediate, K\\]"):
+        k_ops.pack_gated_panels(torch.randn(7, 16).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prepared_mlp_runs_gated_panels_and_linear_still_means_gate_up(dtype):
+    """Without tensor parallelism prepare() packs gate_up as gated panels and mlp() runs panel_linear_silu
+    on them (counted): the same bits as the unfused ops on ordinary panels, pieces or not; linear() on that
+    weight still returns [gate | up] with the bias added before rounding, as the ordinary panels do."""
+    ops = CpuOps()
+    if dtype not in ops.panel_dtypes:
+        pytest.skip(f"no {dtype} panels on this CPU")
+    torch.manual_seed(5)
+    model = _Model(2 * 50, 80)
+    model.layers[0].down_weight.data = torch.randn(80, 50)
+    for n in ("gate_up_weight", "down_weight"):
+        p = getattr(model.layers[0], n)
+        p.data = p.data.to(dtype)
+    layer = model.layers[0]
+    w_gu, w_down = layer.gate_up_weight.detach().clone(), layer.down_weight.detach().clone()
+    ops.prepare(model)
+    assert id(layer.gate_up_weight) in ops._gated and layer.gate_up_weight.numel() == 0
+    k_ops = ops._kernels
+    h, b1, b2 = torch.randn(700, 80).to(dtype), torch.randn(100), torch.randn(80).to(dtype)
+    calls = []
+    real = k_ops.panel_linear_silu
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(k_ops, name)
+
+        def panel_linear_silu(self, *args):
+            calls.append(args[0].shape[0])
+            return real(*args)
+
+    ops._kernels = Counting()
+    ops.MLP_ROWS = 256
+    got = ops.mlp(h, layer.gate_up_weight, b1, layer.down_weight, b2)
+    assert calls == [256, 256, 188]
+    plain_gu, plain_down = k_ops.pack_panels(w_gu), k_ops.pack_panels(w_down)
+    want = k_ops.panel_linear(k_ops.silu_and_mul(k_ops.panel_linear(h, plain_gu, b1, 100)), plain_down, b2, 80)
+    assert torch.equal(got, want)
+    assert torch.equal(ops.linear(h[:33], layer.gate_up_weight, b1), k_ops.panel_linear(h[:33], plain_gu, b1, 100))
+    assert torch.equal(ops.linear(h[:3], layer.gate_up_weight), k_ops.panel_linear(h[:3], plain_gu, None, 100))
+
+
 def _has_avx512() -> bool:
     try:
         flags = open("/proc/cpuinfo").read()

@@ -11,8 +11,9 @@
 //
 // Linear layers: the GEMV kernel (plain weight) up to gemv_max_rows rows, else the packed copy: the panel
 // kernel (panel_linear.cc) on panels, oneDNN's packed GEMM on its blocked copy (mkldnn::_linear_pointwise,
-// called through the dispatcher as CpuOps calls it), else at::linear on the plain weight. No tensor
-// parallelism; the KV cache in the model's dtype.
+// called through the dispatcher as CpuOps calls it), else at::linear on the plain weight; with gated_mlp,
+// gate_up on pack_gated_panels' panels and the SiLU in their epilogue (panel_linear_silu, as CpuOps.mlp). No
+// tensor parallelism; the KV cache in the model's dtype.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -78,7 +79,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x_in,
                                                  const at::Tensor& kv, const at::Tensor& cos, const at::Tensor& sin,
                                                  const at::Tensor& slots, const at::Tensor& block_table,
                                                  const at::Tensor& kv_lens, int64_t num_heads, int64_t num_kv_heads,
-                                                 double eps, double scale, int64_t gemv_max_rows) {
+                                                 double eps, double scale, int64_t gemv_max_rows, bool gated_mlp) {
     const int64_t layers = kv.size(0), tokens = x_in.size(0);
     TORCH_CHECK(x_in.dim() == 2 && x_in.is_contiguous(), "decode_layers: x must be contiguous [tokens, hidden]");
     TORCH_CHECK(static_cast<int64_t>(layer_weights.size()) == layers * kSlots, "decode_layers: ", kSlots,
@@ -125,7 +126,11 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x_in,
         const auto down_p = opt(layer_weights, i, kDownP);
         const int64_t inter = down_p ? (down_p->scalar_type() == at::kInt ? 2 : 1) * down_p->size(1)
                                      : req(layer_weights, i, kDownW).size(1);
-        auto act = silu_and_mul(linear(h, layer_weights, i, kGateUpW, kGateUpP, kGateUpB, gemv_max_rows, 2 * inter));
+        // gated_mlp: gate_up's panels are pack_gated_panels' (CpuOps.prepare), the SiLU in their epilogue
+        auto act = gated_mlp ? panel_linear_silu(h, req(layer_weights, i, kGateUpP), opt(layer_weights, i, kGateUpB),
+                                                 inter)
+                             : silu_and_mul(linear(h, layer_weights, i, kGateUpW, kGateUpP, kGateUpB, gemv_max_rows,
+                                                   2 * inter));
         x = linear(act, layer_weights, i, kDownW, kDownP, kDownB, gemv_max_rows, hidden);
     }
     return {x, residual};
@@ -136,7 +141,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x_in,
 TORCH_LIBRARY_FRAGMENT(rtp_llm, m) {
     m.def("decode_layers(Tensor x, Tensor?[] layer_weights, Tensor kv, Tensor cos, Tensor sin, Tensor slots, "
           "Tensor block_table, Tensor kv_lens, int num_heads, int num_kv_heads, float eps, float scale, "
-          "int gemv_max_rows) "
+          "int gemv_max_rows, bool gated_mlp=False) "
           "-> (Tensor, Tensor)");
 }
 

@@ -46,12 +46,16 @@ inline void norm_row(const T* in, const T* w, float eps, int64_t n, T* out) {
         out[i] = static_cast<T>(static_cast<float>(w[i]) * vec::round_as<T>(static_cast<float>(in[i]) * r));
 }
 
+// Rows per task: 16, so that a decode step's 17-64 rows are shared by the threads (at 32 rows serial, the
+// step's 60 norms left the other core idle ~0.7 ms per W step); one row is ~0.2 us of work.
+constexpr int64_t kNormGrain = 16;
+
 template <typename T>
 void rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& out) {
     const int64_t n = x.size(-1), rows = x.numel() / n;
     const T *xp = x.data_ptr<T>(), *wp = weight.data_ptr<T>();
     T* op = out.data_ptr<T>();
-    at::parallel_for(0, rows, 64, [&](int64_t b, int64_t e) {
+    at::parallel_for(0, rows, kNormGrain, [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r) norm_row<T>(xp + r * n, wp, static_cast<float>(eps), n, op + r * n);
     });
 }
@@ -76,7 +80,7 @@ void add_rms_norm_rows(const at::Tensor& x, const at::Tensor& residual, const at
     const int64_t n = x.size(-1), rows = x.numel() / n;
     const T *xp = x.data_ptr<T>(), *rp = residual.data_ptr<T>(), *wp = weight.data_ptr<T>();
     T *sp = sum.data_ptr<T>(), *op = out.data_ptr<T>();
-    at::parallel_for(0, rows, 64, [&](int64_t b, int64_t e) {
+    at::parallel_for(0, rows, kNormGrain, [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r) {
             T* s = sp + r * n;
 #pragma omp simd
