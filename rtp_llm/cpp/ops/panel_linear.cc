@@ -145,7 +145,8 @@ RTP_AVX512_BF16 __attribute__((always_inline)) inline void gated_store(__m512 (&
         typename E::Out* o = out + r * ldo;
         for (int h = 0; h < 2; ++h) {
             const __m512 g = h ? g_hi : g_lo, u = h ? u_hi : u_lo;
-            const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, avx512::exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+            const __m512 e = avx512::exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+            const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, e));
             Act::store_act(o + 16 * h, h ? mask_hi : mask_lo, _mm512_mul_ps(Act::round_act(silu), u));
         }
         if (exact_from < cols) {  // silu_and_mul.cc's scalar tail
@@ -308,7 +309,8 @@ void panel_linear_avx512(const float*, const float*, const float*, float*, int64
 void panel_linear_bf16(const uint32_t*, const uint32_t*, const float*, c10::BFloat16*, int64_t, int64_t, int64_t) {}
 void panel_linear_bf16(const uint32_t*, const uint32_t*, const float*, float*, int64_t, int64_t, int64_t) {}
 void panel_linear_silu_fp32(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t) {}
-void panel_linear_silu_bf16(const uint32_t*, const uint32_t*, const float*, c10::BFloat16*, int64_t, int64_t, int64_t) {}
+void panel_linear_silu_bf16(const uint32_t*, const uint32_t*, const float*, c10::BFloat16*, int64_t, int64_t,
+                            int64_t) {}
 bool cpu_has_bf16_dot() { return false; }
 }  // namespace rtp_llm
 
