@@ -4,10 +4,13 @@ on CPUs without AVX-512), the plain-layout GEMV kernel on few rows, and the pane
 
     python -m benchmarks.cpu_linear [--rows 1 4 32 4096]
     python -m benchmarks.cpu_linear --stream [--dtype float32 bfloat16] [--stream-rows 1 8 16 32 64]
+    python -m benchmarks.cpu_linear --gated [--dtype float32 bfloat16] [--rows 1 32 512]
 
 The default mode repeats one weight, which then sits in cache (GFLOP/s). --stream runs the four linear layers
 of 30 layers with their own weights (425 MB in fp32), as a decode step does, so the weights stream from
-memory: ms per 30 layers and weight GB/s, each kernel in turn over 3 rounds (min-max).
+memory: ms per 30 layers and weight GB/s, each kernel in turn over 3 rounds (min-max). --gated times SmolLM2's
+gate_up + SiLU as the two ops on ordinary panels (panel_linear, then silu_and_mul) against panel_linear_silu on
+gated panels (the SiLU in the GEMM's epilogue, the same bits), alternating, best of 4 x 30 calls.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 32, 4096])
     ap.add_argument("--stream", action="store_true", help="30 layers of weights streamed from memory")
-    ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], help="with --stream")
+    ap.add_argument("--gated", action="store_true", help="gate_up + SiLU: two ops vs the fused kernel")
+    ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], help="with --stream or --gated")
     ap.add_argument("--stream-rows", type=int, nargs="+", default=[1, 2, 4, 8, 12, 16, 24, 32, 48, 64])
     args = ap.parse_args()
     from rtp_llm._native import ops
@@ -41,6 +45,8 @@ def main() -> None:
     kernels = ops()
     if args.stream:
         return _stream(kernels, args.dtype, args.stream_rows)
+    if args.gated:
+        return _gated(kernels, args.dtype, args.rows)
     panel = torch.ops.rtp_llm.panel_linear_enabled()
     print(f"threads {torch.get_num_threads()}")
     for rows in args.rows:
@@ -61,6 +67,25 @@ def main() -> None:
                 t_panel = _time(lambda: torch.ops.rtp_llm.panel_linear(x, panels, None, n), reps)
                 line += f"  panel kernel {flop / t_panel:6.1f}"
             print(line + f"  GFLOP/s  (packed / F.linear {t_mkl / t_dnn:.2f}x)", flush=True)
+
+
+def _gated(kernels, dtypes, row_counts) -> None:
+    k, n = SHAPES["gate_up"]
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        if not kernels.panel_linear_enabled() or (dtype == torch.bfloat16 and not kernels.panel_linear_bf16_enabled()):
+            print(f"{name}: no panels on this CPU")
+            continue
+        w = torch.randn(n, k).to(dtype)
+        plain, gated = kernels.pack_panels(w), kernels.pack_gated_panels(w)
+        for rows in row_counts:
+            x = torch.randn(rows, k).to(dtype)
+            fns = {"two ops": lambda: kernels.silu_and_mul(kernels.panel_linear(x, plain, None, n)),
+                   "fused": lambda: kernels.panel_linear_silu(x, gated, None, n // 2)}
+            assert torch.equal(fns["two ops"](), fns["fused"]())
+            best = {label: min(_time(fn, 30) for _ in range(4)) for label, fn in fns.items()}
+            print(f"{name} rows {rows:5d}: two ops {best['two ops'] * 1e3:7.3f} ms  fused {best['fused'] * 1e3:7.3f} ms"
+                  f"  ({best['two ops'] / best['fused']:.3f}x)", flush=True)
 
 
 def _stream(kernels, dtypes, row_counts, layers: int = 30, rounds: int = 3) -> None:
