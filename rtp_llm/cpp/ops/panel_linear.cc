@@ -353,17 +353,37 @@ at::Tensor pack_panels(const at::Tensor& w) {
     return panels;
 }
 
+namespace {
+
+// x checked against the panels' element kind and made ready for the kernels: contiguous, and for bf16 pair
+// panels a whole number of pairs per row (an odd K zero-padded). steps: the kernels' k (fp32: K; bf16: pairs).
+struct PanelInput {
+    bool bf16;
+    int64_t k, steps;
+    at::Tensor x;
+};
+
+PanelInput panel_input(const at::Tensor& x, const at::Tensor& panels, const char* op) {
+    TORCH_CHECK(panel_linear_enabled(), op, ": needs a CPU with AVX-512 (see panel_linear_enabled)");
+    const bool bf16 = panels.scalar_type() == at::kInt;
+    TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == (bf16 ? at::kBFloat16 : at::kFloat), op,
+                ": x must be a [M, K] CPU tensor in the weight's dtype (float32 panels: float32, bfloat16 pair "
+                "panels: bfloat16)");
+    TORCH_CHECK(!bf16 || panel_linear_bf16_enabled(), op, ": bfloat16 panels need a CPU with avx512_bf16");
+    const int64_t k = x.size(1);
+    at::Tensor xc = x.contiguous();
+    if (bf16 && k % 2) xc = at::constant_pad_nd(xc, {0, 1});
+    return {bf16, k, bf16 ? (k + 1) / 2 : k, xc};
+}
+
+}  // namespace
+
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias,
                         int64_t n) {
-    TORCH_CHECK(panel_linear_enabled(), "panel_linear: needs a CPU with AVX-512 (see panel_linear_enabled)");
-    const bool bf16 = panels.scalar_type() == at::kInt;
-    TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == (bf16 ? at::kBFloat16 : at::kFloat),
-                "panel_linear: x must be a [M, K] CPU tensor in the weight's dtype (float32 panels: float32, "
-                "bfloat16 pair panels: bfloat16)");
+    const auto [bf16, k, steps, xc] = panel_input(x, panels, "panel_linear");
     TORCH_CHECK((panels.scalar_type() == at::kFloat || bf16) && panels.dim() == 3 && panels.size(2) == kPanelCols &&
                     panels.is_contiguous(),
                 "panel_linear: panels must be pack_panels' contiguous [ceil(N / 48), K (bf16: K / 2 pairs), 48]");
-    const int64_t k = x.size(1), steps = bf16 ? (k + 1) / 2 : k;
     TORCH_CHECK(panels.size(1) == steps, "panel_linear: x has ", k, " columns, the weight ",
                 bf16 ? 2 * panels.size(1) : panels.size(1));
     TORCH_CHECK(n > (panels.size(0) - 1) * kPanelCols && n <= panels.size(0) * kPanelCols, "panel_linear: n = ", n,
@@ -376,17 +396,12 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std
     const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
     auto out = at::empty({x.size(0), n}, x.options());
     if (x.size(0) == 0) return out;
-    if (bf16) {
-        TORCH_CHECK(panel_linear_bf16_enabled(), "panel_linear: bfloat16 panels need a CPU with avx512_bf16");
-        // x's rows as 32-bit pairs: a contiguous bf16 row of even length already is; else zero-padded.
-        at::Tensor xp = x.contiguous();
-        if (k % 2) xp = at::constant_pad_nd(xp, {0, 1});
+    if (bf16) {  // x's rows as 32-bit pairs
         panel_linear_bf16(reinterpret_cast<const uint32_t*>(panels.data_ptr<int32_t>()),
-                          reinterpret_cast<const uint32_t*>(xp.data_ptr<at::BFloat16>()), bp,
+                          reinterpret_cast<const uint32_t*>(xc.data_ptr<at::BFloat16>()), bp,
                           out.data_ptr<at::BFloat16>(), x.size(0), steps, n);
     } else {
-        auto xc = x.contiguous();
-        panel_linear_avx512(panels.data_ptr<float>(), xc.data_ptr<float>(), bp, out.data_ptr<float>(), xc.size(0), k,
+        panel_linear_avx512(panels.data_ptr<float>(), xc.data_ptr<float>(), bp, out.data_ptr<float>(), x.size(0), k,
                             n);
     }
     return out;
@@ -407,13 +422,9 @@ at::Tensor pack_gated_panels(const at::Tensor& w) {
 
 at::Tensor panel_linear_silu(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias,
                              int64_t inter) {
-    TORCH_CHECK(panel_linear_enabled(), "panel_linear_silu: needs a CPU with AVX-512 (see panel_linear_enabled)");
-    const bool bf16 = panels.scalar_type() == at::kInt;
-    TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == (bf16 ? at::kBFloat16 : at::kFloat),
-                "panel_linear_silu: x must be a [M, K] CPU tensor in the weight's dtype (float32 panels: float32, "
-                "bfloat16 pair panels: bfloat16)");
+    const auto [bf16, k, steps, xc] = panel_input(x, panels, "panel_linear_silu");
     constexpr int64_t half = kPanelCols / 2;
-    const int64_t np = (inter + half - 1) / half, k = x.size(1), steps = bf16 ? (k + 1) / 2 : k;
+    const int64_t np = (inter + half - 1) / half;
     TORCH_CHECK(inter > 0 && (panels.scalar_type() == at::kFloat || bf16) && panels.dim() == 3 &&
                     panels.size(0) == np && panels.size(1) == steps && panels.size(2) == kPanelCols &&
                     panels.is_contiguous(),
@@ -431,10 +442,7 @@ at::Tensor panel_linear_silu(const at::Tensor& x, const at::Tensor& panels, cons
     const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
     auto out = at::empty({x.size(0), inter}, x.options());
     if (x.size(0) == 0) return out;
-    at::Tensor xc = x.contiguous();
     if (bf16) {
-        TORCH_CHECK(panel_linear_bf16_enabled(), "panel_linear_silu: bfloat16 panels need a CPU with avx512_bf16");
-        if (k % 2) xc = at::constant_pad_nd(xc, {0, 1});
         panel_linear_silu_bf16(reinterpret_cast<const uint32_t*>(panels.data_ptr<int32_t>()),
                                reinterpret_cast<const uint32_t*>(xc.data_ptr<at::BFloat16>()), bp,
                                out.data_ptr<at::BFloat16>(), x.size(0), steps, inter);
