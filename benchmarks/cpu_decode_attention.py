@@ -24,11 +24,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--in-order", action="store_true", help="each sequence's blocks consecutive, not shuffled")
     ap.add_argument("--small-pages", action="store_true",
-                    help="caches on 4 KB pages (the engine puts them on 2 MB pages: CpuOps.zeros_buffer)")
+                    help="caches on 4 KB pages (the engine puts them on 2 MB pages: CpuDevice.zeros)")
     args = ap.parse_args()
     from rtp_llm._native import ops
 
-    kernel = ops().paged_decode_attention
+    kernel = ops().paged_attention
     heads, kv_heads, dim, block = 9, 3, 64, 16
     g = torch.Generator().manual_seed(0)
     lens = torch.randint(args.min_len, args.max_len + 1, (args.batch,), generator=g)

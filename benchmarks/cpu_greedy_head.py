@@ -1,5 +1,5 @@
 """Greedy steps' LM head on CPU: the bf16 screen with exact recompute (CpuOps.greedy_tokens,
-rtp_llm/cpp/ops/greedy_head.cc) against the fp32 panel-kernel logits + argmax it replaces, on SmolLM2's
+rtp_llm/cpp/cpu/greedy_head.cc) against the fp32 panel-kernel logits + argmax it replaces, on SmolLM2's
 head shape (49152 x 576), for a few row counts; checks both give the same ids. Reports ms per call
 (median), the head streamed from memory between calls as in a decode step.
 
@@ -25,7 +25,7 @@ def main() -> None:
     from rtp_llm._native import ops
 
     k = ops()
-    if not k.greedy_screen_enabled():
+    if not k.cpu_avx512_bf16():
         raise SystemExit("this CPU has no AVX-512 + avx512_bf16: the screen is off here")
     g = torch.Generator().manual_seed(0)
     w = torch.randn(args.vocab, args.hidden, generator=g) * 0.05

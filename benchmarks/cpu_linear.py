@@ -47,7 +47,7 @@ def main() -> None:
         return _stream(kernels, args.dtype, args.stream_rows)
     if args.gated:
         return _gated(kernels, args.dtype, args.rows)
-    panel = torch.ops.rtp_llm.panel_linear_enabled()
+    panel = torch.ops.rtp_llm.cpu_isa() == "avx512"
     print(f"threads {torch.get_num_threads()}")
     for rows in args.rows:
         for name, (k, n) in SHAPES.items():
@@ -61,7 +61,7 @@ def main() -> None:
             t_dnn = _time(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), reps)
             line = f"rows {rows:5d} {name:8s} F.linear {flop / t_mkl:6.1f}  oneDNN packed {flop / t_dnn:6.1f}"
             if rows <= 4:
-                line += f"  GEMV kernel {flop / _time(lambda: kernels.skinny_linear(x, w), reps):6.1f}"
+                line += f"  GEMV kernel {flop / _time(lambda: kernels.gemv(x, w), reps):6.1f}"
             if panel:
                 panels = torch.ops.rtp_llm.pack_panels(w)
                 t_panel = _time(lambda: torch.ops.rtp_llm.panel_linear(x, panels, None, n), reps)
@@ -73,7 +73,7 @@ def _gated(kernels, dtypes, row_counts) -> None:
     k, n = SHAPES["gate_up"]
     for name in dtypes:
         dtype = getattr(torch, name)
-        if not kernels.panel_linear_enabled() or (dtype == torch.bfloat16 and not kernels.panel_linear_bf16_enabled()):
+        if kernels.cpu_isa() != "avx512" or (dtype == torch.bfloat16 and not kernels.cpu_avx512_bf16()):
             print(f"{name}: no panels on this CPU")
             continue
         w = torch.randn(n, k).to(dtype)
@@ -90,13 +90,13 @@ def _gated(kernels, dtypes, row_counts) -> None:
 
 def _stream(kernels, dtypes, row_counts, layers: int = 30, rounds: int = 3) -> None:
     names = [n for n in SHAPES if n != "lm_head"]
-    panel_on = torch.ops.rtp_llm.panel_linear_enabled()
-    gemv_rows = 16  # the GEMV kernel's limit (rtp_llm/cpp/ops/gemv_avx512.h)
+    panel_on = torch.ops.rtp_llm.cpu_isa() == "avx512"
+    gemv_rows = 16  # the GEMV kernel's limit (rtp_llm/cpp/cpu/ops.h: kGemvMaxRows)
     for name in dtypes:
         dtype = getattr(torch, name)
         weights = [[torch.randn(SHAPES[n][1], SHAPES[n][0]).to(dtype) for n in names] for _ in range(layers)]
         packed = [[torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in ws] for ws in weights]
-        on = panel_on if dtype == torch.float32 else torch.ops.rtp_llm.panel_linear_bf16_enabled()
+        on = panel_on if dtype == torch.float32 else torch.ops.rtp_llm.cpu_avx512_bf16()
         panels = [[torch.ops.rtp_llm.pack_panels(w) for w in ws] for ws in weights] if on else None
         outs = [SHAPES[n][1] for n in names]
         gb = sum(w.numel() * w.element_size() for ws in weights for w in ws) / 1e9
@@ -106,7 +106,7 @@ def _stream(kernels, dtypes, row_counts, layers: int = 30, rounds: int = 3) -> N
             def gemv():
                 for ws in weights:
                     for x, w in zip(xs, ws):
-                        kernels.skinny_linear(x, w)
+                        kernels.gemv(x, w)
 
             def gemm():
                 for ps in packed:

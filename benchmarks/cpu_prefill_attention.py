@@ -1,4 +1,4 @@
-"""CPU prefill attention: the C++ prefill kernel (rtp_llm/cpp/ops/prefill_attention.cc) against the
+"""CPU prefill attention: the C++ prefill kernel (rtp_llm/cpp/cpu/prefill_attention.cc) against the
 reference path it replaces (SDPA after gathering each sequence's KV through the block table, with an
 explicit causal mask) and, for prompts of one length, against causal SDPA on the step's own k and v
 (the old fast path). SmolLM2's heads (9 query / 3 KV of 64), one layer, ms per call (median).
@@ -20,8 +20,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args()
     from rtp_llm.cache import KVBuffer
-    from rtp_llm.layers.attention import get_backend
-    from rtp_llm.models.forward_batch import ForwardBatch
+    from rtp_llm.device.cpu.attention import CpuAttention
+    from rtp_llm.device.forward_batch import ForwardBatch
 
     heads, kv_heads, dim, bs = 9, 3, 64, 16
     workloads = {"32 x 128 fresh (W's prefill)": ([128] * 32, [0] * 32),
@@ -43,7 +43,7 @@ def main() -> None:
         kv.buffer.normal_(generator=g)
         T = sum(q_lens)
         q, k, v = (torch.randn(T, n, dim, generator=g) for n in (heads, kv_heads, kv_heads))
-        cpu = get_backend("cpu")(heads, kv_heads, dim, dim ** -0.5, bs)
+        cpu = CpuAttention(heads, kv_heads, dim, dim ** -0.5, bs)
         paths = {"prefill kernel": True, "SDPA (gather + mask, or causal on fresh equal prompts)": False}
         times = {p: [] for p in paths}
         outs = {}

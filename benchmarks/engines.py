@@ -32,31 +32,20 @@ class RtpLLM:
         from rtp_llm import SamplingParams
 
         params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
-        eng = self.llm.engine
+        core = self.llm.core
         torch.set_num_threads(self.threads)
-        tp = eng.tp_runtime.tp if eng.tp_runtime else None
+        tp = core.tp_runtime.tp if core.tp_runtime else None
         comm0 = (tp.bytes_reduced, tp.channel.bytes_sent) if tp else None
-        t0 = time.perf_counter()
-        for i, p in enumerate(prompts):
-            eng.add_request(f"bench-{time.monotonic_ns()}-{i}", p, params)
-        outs, first = {}, None
-        step_times = []
-        while eng.has_unfinished():
-            ts = time.perf_counter()
-            res = eng.step()
-            te = time.perf_counter()
-            step_times.append(te - ts)
-            for o in res:
-                if first is None and any(c.token_ids for c in o.outputs):
-                    first = te - t0
-                if o.finished:
-                    outs[o.request_id] = o
+        steps0 = core.counters["steps"]
+        t0, start = time.perf_counter(), time.monotonic()
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
         total = time.perf_counter() - t0
-        tokens = [outs[k].outputs[0].token_ids for k in sorted(outs, key=lambda r: int(r.rsplit("-", 1)[1]))]
-        extra = {"ttft_s": first, "steps": len(step_times)}
+        tokens = [o.outputs[0].token_ids for o in outs]
+        steps = core.counters["steps"] - steps0
+        extra = {"ttft_s": min(o.metrics["first_token"] for o in outs) - start, "steps": steps}
         if tp:  # rank 0's share of the traffic: all-reduce/gather payload and step broadcasts
-            extra["collective_mb_per_step"] = (tp.bytes_reduced - comm0[0]) / len(step_times) / 1e6
-            extra["step_message_kb_per_step"] = (tp.channel.bytes_sent - comm0[1]) / len(step_times) / 1e3
+            extra["collective_mb_per_step"] = (tp.bytes_reduced - comm0[0]) / steps / 1e6
+            extra["step_message_kb_per_step"] = (tp.channel.bytes_sent - comm0[1]) / steps / 1e3
         return tokens, total, extra
 
 
@@ -143,6 +132,23 @@ class PipePeer:
         self.proc.stdin.write(json.dumps({"prompts": prompts, "new_tokens": new_tokens}) + "\n")
         res = self._read()
         return res["tokens"], res["seconds"], {"ttft_s": res.get("ttft_s")}
+
+
+class RtpLLMCheckout(PipePeer):
+    """rtp-llm from another checkout (its Python sources and built .so files), in a process of its own, driven by
+    benchmarks/peers/rtp_llm_peer.py: `--engines rtp_llm@.,rtp_llm@/path/to/old` measures a change against the
+    code before it in one run, each in the same kind of process."""
+
+    def __init__(self, path: str, dtype: str = "float32"):
+        import sys
+
+        self.name = f"rtp_llm@{path}"
+        root = os.path.abspath(path)
+        if not os.path.exists(os.path.join(root, "rtp_llm", "_C.so")):
+            raise SystemExit(f"{root} is not a built rtp-llm checkout (no rtp_llm/_C.so: run scripts/setup.sh there)")
+        env = dict(os.environ, PYTHONPATH=root)
+        super().__init__([sys.executable, os.path.join(_ROOT, "benchmarks", "peers", "rtp_llm_peer.py"), "--dtype",
+                          dtype], env)
 
 
 class VLLM(PipePeer):

@@ -3,8 +3,8 @@
     python -m benchmarks.prefix_ttft [--blocks 3] [--suffix 8] [--repeats 9]
 
 Offline engine on the embedded model (block size 16). Cold: a prompt never seen. Warm: a prompt whose
-first 3 blocks (48 tokens) equal an earlier request's, plus an unseen suffix. TTFT = time from
-add_request to the step that yields the first token. Medians of --repeats pairs, alternating.
+first 3 blocks (48 tokens) equal an earlier request's, plus an unseen suffix. TTFT = the request's arrival
+(validated, queued) to its first token (RequestOutput.metrics). Medians of --repeats pairs, alternating.
 """
 
 from __future__ import annotations
@@ -13,21 +13,13 @@ import argparse
 import json
 import random
 import statistics
-import time
 
 from rtp_llm import LLM, SamplingParams
 
 
-def _ttft(engine, rid, prompt):
-    t0 = time.perf_counter()
-    engine.add_request(rid, prompt, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
-    while True:
-        for out in engine.step():
-            if out.request_id == rid and out.outputs[0].token_ids:
-                ttft = time.perf_counter() - t0
-                while engine.has_unfinished():
-                    engine.step()
-                return ttft, out.num_cached_tokens
+def _ttft(llm, prompt):
+    out = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True), use_tqdm=False)[0]
+    return out.metrics["first_token"] - out.metrics["arrival"], out.num_cached_tokens
 
 
 def main():
@@ -37,20 +29,19 @@ def main():
     ap.add_argument("--repeats", type=int, default=9)
     args = ap.parse_args()
     llm = LLM(max_model_len=1024, block_size=16)
-    eng = llm.engine
     rng = random.Random(0)
     prefix_len = args.blocks * 16
 
     def tokens(n):
         return [rng.randrange(17, 49152) for _ in range(n)]
 
-    _ttft(eng, "warmup", tokens(prefix_len + args.suffix))
+    _ttft(llm, tokens(prefix_len + args.suffix))  # warm-up
     cold, warm, cached = [], [], []
     for i in range(args.repeats):
         shared = tokens(prefix_len)
-        t, _ = _ttft(eng, f"cold{i}", shared + tokens(args.suffix))        # computes everything
+        t, _ = _ttft(llm, shared + tokens(args.suffix))        # computes everything
         cold.append(t)
-        t, c = _ttft(eng, f"warm{i}", shared + tokens(args.suffix))        # reuses the 3 blocks
+        t, c = _ttft(llm, shared + tokens(args.suffix))        # reuses the 3 blocks
         warm.append(t)
         cached.append(c)
     result = {"prompt_tokens": prefix_len + args.suffix, "cached_tokens": statistics.median(cached),

@@ -1,6 +1,7 @@
 """Benchmark harness: engines side by side on the same workload, in alternating rounds.
 
     python -m benchmarks.run --workload W --engines rtp_llm,vllm,transformers --rounds 3 [--json out.json]
+    python -m benchmarks.run --workload W --engines rtp_llm@.,rtp_llm@../baseline --rounds 3   # a change vs before
 
 Peers with their own environments are created once by a script: vllm by bash benchmarks/peers/setup_vllm.sh
 (~4 minutes), llamacpp by bash benchmarks/peers/setup_llamacpp.sh (~15 minutes, builds llama.cpp from source).
@@ -21,7 +22,7 @@ import time
 
 import torch
 
-from benchmarks.engines import VLLM, LlamaCpp, RtpLLM, RtpLLMTP2, Transformers
+from benchmarks.engines import VLLM, LlamaCpp, RtpLLM, RtpLLMCheckout, RtpLLMTP2, Transformers
 from benchmarks.workloads import WORKLOADS
 
 ENGINES = {"rtp_llm": RtpLLM, "rtp_llm_tp2": RtpLLMTP2, "transformers": Transformers, "hf": Transformers,
@@ -47,7 +48,7 @@ def main() -> None:
     wl = WORKLOADS[args.workload]
     prompts = wl.prompts()
     names = [n.strip() for n in args.engines.split(",") if n.strip()]
-    engines = {n: ENGINES[n](dtype=args.dtype) for n in names}
+    engines = {n: _engine(n, args.dtype) for n in names}
     for e in engines.values():  # warm-up at full batch (allocator, thread pools, KV pages), not measured
         e.run(prompts, 2)
     results = {n: [] for n in names}
@@ -100,6 +101,13 @@ def main() -> None:
     if bad:
         raise SystemExit(f"engines {bad}: first token outside the float32 reference's near-ties "
                          f"(within {BF16_TIE_MARGIN} of the top logit)")
+
+
+def _engine(name: str, dtype: str):
+    """An engine by name; rtp_llm@PATH is the rtp-llm checkout at PATH in a process of its own."""
+    if name.startswith("rtp_llm@"):
+        return RtpLLMCheckout(name.split("@", 1)[1], dtype=dtype)
+    return ENGINES[name](dtype=dtype)
 
 
 def _fp32_near_ties(prompts, margin: float) -> list[set[int]]:

@@ -4,6 +4,8 @@
     llm = LLM(model="/path/to/model-or.gguf")
     outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(max_tokens=32))
     outs = llm.chat([{"role": "user", "content": "Hi"}])
+
+The EngineCore runs on the calling thread, step by step, until every prompt has finished.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import itertools
 from typing import Any, Optional, Sequence, Union
 
 from rtp_llm.config.engine_config import EngineConfig
-from rtp_llm.engine.llm_engine import LLMEngine
-from rtp_llm.engine.outputs import RequestOutput
+from rtp_llm.engine.core import EngineCore
+from rtp_llm.engine.input_processor import InputProcessor
+from rtp_llm.engine.outputs import OutputCollector, RequestOutput
 from rtp_llm.sampling import SamplingParams
 
 Prompt = Union[str, Sequence[int]]
@@ -21,13 +24,14 @@ Prompt = Union[str, Sequence[int]]
 
 class LLM:
     def __init__(self, model: Optional[str] = None, **engine_args: Any):
-        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
-        self.tokenizer = self.engine.tokenizer
+        self.core = EngineCore(EngineConfig(model=model, **engine_args))
+        self.tokenizer = self.core.tokenizer
+        self.processor = InputProcessor(self.tokenizer, self.core.max_model_len, self.core.vocab_size)
         self._ids = itertools.count()
 
     def close(self) -> None:
         """Stops tensor-parallel workers (LLM(..., tp_size=N)); also done on leaving a `with` block."""
-        self.engine.close()
+        self.core.close()
 
     def __enter__(self) -> "LLM":
         return self
@@ -45,21 +49,24 @@ class LLM:
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
-        ids = []
-        for prompt, p in zip(prompts, params):
-            rid = f"offline-{next(self._ids)}"
-            self.engine.add_request(rid, prompt, p)
-            ids.append(rid)
+        requests = [self.processor.process(f"offline-{next(self._ids)}", prompt, p)
+                    for prompt, p in zip(prompts, params)]
+        ids = [r.request_id for r in requests]
+        wanted = set(ids)
         done: dict[str, RequestOutput] = {}
+        collector = OutputCollector()
         bar = None
         if use_tqdm:
             from tqdm import tqdm
 
             bar = tqdm(total=len(ids), desc="Generating", unit="req")
         try:
+            for r in requests:
+                self.core.add_request(r)
             while len(done) < len(ids):
-                for out in self.engine.step():
-                    if out.finished and out.request_id in ids and out.request_id not in done:
+                for delta in self.core.step():
+                    out = collector.add(delta)
+                    if out.finished and out.request_id in wanted and out.request_id not in done:
                         done[out.request_id] = out
                         if bar:
                             bar.update(1)
@@ -68,13 +75,11 @@ class LLM:
                 bar.close()
             for rid in ids:
                 if rid not in done:
-                    self.engine.abort(rid)
+                    self.core.abort(rid)
         return [done[r] for r in ids]
 
     def chat(self, messages: Union[list[dict], Sequence[list[dict]]], params: Optional[SamplingParams] = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
         """One conversation (a list of messages) or several, through the model's chat template."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [self.tokenizer.encode(self.tokenizer.apply_chat_template(c, add_generation_prompt), False)
-                   for c in convs]
-        return self.generate(prompts, params, use_tqdm)
+        return self.generate([self.processor.chat_prompt(c, add_generation_prompt) for c in convs], params, use_tqdm)

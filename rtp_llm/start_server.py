@@ -12,7 +12,8 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rtp_llm.config.server_args import ConfigError, resolve
+    from rtp_llm.config.server_args import resolve
+    from rtp_llm.errors import ConfigError
 
     try:
         args = resolve(argv)
@@ -23,11 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("rtp_llm.start_server")
 
     from rtp_llm.config.engine_config import EngineConfig
-    from rtp_llm.device import DeviceError, resolve_device
-    from rtp_llm.distributed.launch import LaunchError, launch_env
-    from rtp_llm.engine.engine_process import EngineProcess
-    from rtp_llm.engine.errors import EngineDeadError
-    from rtp_llm.models.errors import CheckpointError
+    from rtp_llm.device import resolve_device
+    from rtp_llm.distributed.launch import launch_env
+    from rtp_llm.engine.client import ProcessEngineClient
+    from rtp_llm.errors import CheckpointError, DeviceError, EngineDeadError, LaunchError
 
     server = None
     exit_code = 0
@@ -54,14 +54,14 @@ def main(argv: list[str] | None = None) -> int:
             enable_prefix_caching=args["enable_prefix_caching"], max_queue_len=args["max_queue_len"],
             allow_pickle=args["allow_pickle"], tp_size=args["tp_size"],
             tp_timeout_s=args["tp_timeout"], tp_heartbeat_timeout_s=args["tp_heartbeat_timeout"],
-            cpu_gemv_weights=args["cpu_gemv_weights"])
+            device_options={"cpu_gemv_weights": args["cpu_gemv_weights"]})
         if config.tp_size > 1:
             env = launch_env(config.tp_size)
             if env.rank != 0:  # torchrun / multi-machine: this process is a worker, rank 0 serves HTTP
-                from rtp_llm.distributed.worker import run_worker
+                from rtp_llm.engine.tp_worker import run_worker
 
                 return run_worker(config, env)
-        engine = EngineProcess(config, on_death=fatal, log_level=args["log_level"])
+        engine = ProcessEngineClient(config, on_death=fatal, log_level=args["log_level"])
     except (ConfigError, DeviceError, CheckpointError, LaunchError, ValueError, EngineDeadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

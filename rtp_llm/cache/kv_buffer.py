@@ -24,7 +24,7 @@ class KVBuffer:
         head_dim: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
-        zeros=torch.zeros,
+        zeros=None,
     ):
         for name, value in (("num_layers", num_layers), ("num_blocks", num_blocks), ("block_size", block_size),
                             ("kv_heads", kv_heads), ("head_dim", head_dim)):
@@ -36,11 +36,10 @@ class KVBuffer:
         self.kv_heads = kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
-        # Zeroed so the padding block (0) and never-written slots read as zeros, not garbage/NaN. `zeros` is
-        # the op set's allocator for large long-lived buffers (CPU: on huge pages, TorchOps.zeros_buffer).
-        self.buffer = zeros(
-            (num_layers, 2, num_blocks, block_size, kv_heads, head_dim), dtype=dtype, device=device
-        )
+        # Zeroed so the padding block (0) and never-written slots read as zeros, not garbage/NaN. `zeros(shape,
+        # dtype)` is the device's allocator for large long-lived buffers (Device.zeros; CPU: on huge pages).
+        shape = (num_layers, 2, num_blocks, block_size, kv_heads, head_dim)
+        self.buffer = zeros(shape, dtype) if zeros is not None else torch.zeros(shape, dtype=dtype, device=device)
         self._layers = [self.buffer[i] for i in range(num_layers)]
 
     @staticmethod

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 
@@ -29,10 +29,8 @@ class EngineConfig:
     tp_size: int = 1                        # tensor-parallel ranks (rtp_llm/distributed/)
     tp_timeout_s: float = 120.0             # a collective waiting longer than this fails (a hung rank)
     tp_heartbeat_timeout_s: float = 10.0    # a worker silent this long is reported dead
-    # CPU, where linear layers run on oneDNN (bf16; fp32 without AVX-512): keep plain weight copies beside the
-    # packed ones for the few-row GEMV kernel (auto: when they fit in a quarter of the available memory).
-    # fp32 on AVX-512 keeps only the panel copy. See rtp_llm/device/cpu_ops.py.
-    cpu_gemv_weights: str = "auto"
+    # Settings only one device reads, by name (e.g. "cpu_gemv_weights"); that device validates them.
+    device_options: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         checks = [
@@ -47,7 +45,6 @@ class EngineConfig:
             ("tp_size", self.tp_size >= 1),
             ("tp_timeout_s", self.tp_timeout_s > 0),
             ("tp_heartbeat_timeout_s", self.tp_heartbeat_timeout_s > 0),
-            ("cpu_gemv_weights", self.cpu_gemv_weights in ("auto", "on", "off")),
         ]
         for name, ok in checks:
             if not ok:

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import torch
 
-from rtp_llm.models.errors import CheckpointError, UnknownArchitectureError
+from rtp_llm.errors import CheckpointError, MissingFileError, UnknownArchitectureError
 
 # HF architecture -> upstream RTP-LLM model_type name.
 ARCHITECTURES = {
@@ -163,7 +163,6 @@ class ModelConfig:
     def from_hf_dir(cls, path: str, model_type: str | None = None) -> "ModelConfig":
         cfg_path = os.path.join(path, "config.json")
         if not os.path.isfile(cfg_path):
-            from rtp_llm.models.errors import MissingFileError
             raise MissingFileError(f"no config.json in {path}")
         with open(cfg_path) as f:
             return cls.from_hf_dict(json.load(f), model_type)

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from rtp_llm.errors import ConfigError
+
 
 def _bool(v: str) -> bool:
     s = str(v).strip().lower()
@@ -77,10 +79,6 @@ FLAGS = [
     Flag("allow_pickle", "ALLOW_PICKLE", _bool, False, "allow pickle (.bin) checkpoints (runs their code)"),
     Flag("log_level", "LOG_LEVEL", str, "info", "logging level", choices=("debug", "info", "warning", "error")),
 ]
-
-
-class ConfigError(ValueError):
-    """A setting has a bad value; the message names the flag or variable."""
 
 
 def build_parser() -> argparse.ArgumentParser:

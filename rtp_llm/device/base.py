@@ -1,25 +1,37 @@
-"""The Device interface."""
+"""The Device interface: every question the engine asks about the hardware it runs on, answered by name.
+
+A device says where tensors live, how to query memory and synchronise, which collective backend tensor
+parallelism uses, its default KV block size and KV-cache budget, how the KV buffer is allocated, which attention
+backend and which op set (kernels) the model graph runs. The engine never asks which device it is.
+"""
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
+from rtp_llm.device.attention import AttentionBackend, TorchRefAttention
+from rtp_llm.device.torch_ops import TorchOps
+from rtp_llm.errors import DeviceError
 
-class DeviceError(RuntimeError):
-    """The requested device is not available here; the message says why."""
+__all__ = ["Device", "DeviceError"]
 
 
 class Device(ABC):
     name: str = "abstract"
     collective_backend: str = "gloo"      # torch.distributed backend for tensor parallelism
-    default_attention: str = "torch_ref"  # AttentionBackend name
     default_block_size: int = 16
+    # attention backends by name; None picks `default_attention`
+    attention_backends: dict[str, type[AttentionBackend]] = {"torch_ref": TorchRefAttention}
+    default_attention: str = "torch_ref"
 
-    def __init__(self, index: int = 0):
+    def __init__(self, index: int = 0, options: Optional[dict] = None):
+        """options: EngineConfig.device_options; a device reads the ones named for it and ignores the rest."""
         self.index = index
+        self.options = dict(options or {})
 
     @classmethod
     @abstractmethod
@@ -37,12 +49,18 @@ class Device(ABC):
         pass
 
     def memory_info(self) -> tuple[int, int]:
-        """(free bytes, total bytes) of the device memory the KV cache comes from."""
-        import os
-
+        """(free bytes, total bytes) of the memory the KV cache comes from (host memory here)."""
         pages, page = os.sysconf("SC_AVPHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-        total = os.sysconf("SC_PHYS_PAGES") * page
-        return pages * page, total
+        return pages * page, os.sysconf("SC_PHYS_PAGES") * page
+
+    def kv_cache_budget(self, config) -> int:
+        """Bytes for the KV cache when the config gives no size: a fraction of free device memory."""
+        free, _ = self.memory_info()
+        return int(free * config.kv_cache_memory_fraction)
+
+    def zeros(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        """A large, long-lived zeroed buffer on this device (the KV cache)."""
+        return torch.zeros(shape, dtype=dtype, device=self.torch_device)
 
     def share_host(self, local_ranks: int) -> None:
         """Called when this many tensor-parallel ranks run on this machine (each with its own device here)."""
@@ -51,11 +69,18 @@ class Device(ABC):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
 
-    def ops(self, config=None) -> Any:
-        """The fused-op set the model graph calls (norms, rotary, activation, top-k/top-p); config: the
-        EngineConfig, for device-specific choices."""
-        from rtp_llm.layers.ops import TorchOps
+    def attention_backend(self, name: Optional[str] = None) -> type[AttentionBackend]:
+        """The attention backend class by name (None: this device's default)."""
+        name = name or self.default_attention
+        try:
+            return self.attention_backends[name]
+        except KeyError:
+            raise ValueError(f"unknown attention backend {name!r} on {self.name}; available: "
+                             f"{', '.join(sorted(self.attention_backends))}") from None
 
+    def ops(self) -> TorchOps:
+        """The op set the model graph and the sampler call (norms, rotary, activation, linear kernels,
+        top-k/top-p)."""
         return TorchOps()
 
     def stream(self) -> Any:

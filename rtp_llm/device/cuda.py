@@ -1,4 +1,4 @@
-"""CUDA GPUs through torch's own CUDA build."""
+"""CUDA GPUs through torch's own CUDA build: the plain-torch op set and the reference attention backend."""
 
 import torch
 
@@ -8,7 +8,6 @@ from rtp_llm.device.base import Device
 class CudaDevice(Device):
     name = "cuda"
     collective_backend = "nccl"
-    default_attention = "torch_ref"
 
     @classmethod
     def available(cls):

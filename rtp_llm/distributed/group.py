@@ -20,14 +20,11 @@ from typing import Callable, Optional
 import torch
 
 from rtp_llm.config.model_config import ModelConfig
-from rtp_llm.distributed.sharding import TPShard
 from rtp_llm.distributed.step_message import IDLE_TIMEOUT, KIND_STEP, KIND_STOP, StepChannel, StepMessage
+from rtp_llm.errors import TPWorkerError
+from rtp_llm.models.sharding import TPShard
 
 log = logging.getLogger(__name__)
-
-
-class TPWorkerError(RuntimeError):
-    """A tensor-parallel rank died or stopped answering; the message names it where known."""
 
 
 class TensorParallel:

@@ -2,7 +2,7 @@
 
 Two ways, as with upstream RTP-LLM and vLLM:
 - one machine: `start_server --tp_size N` (or LLM(tp_size=N)) is rank 0 and spawns ranks 1..N-1 as
-  `python -m rtp_llm.distributed.worker` child processes; the rendezvous port is picked free;
+  `python -m rtp_llm.engine.tp_worker` child processes; the rendezvous port is picked free;
 - several machines (or torchrun): every process gets torchrun's environment (MASTER_ADDR, MASTER_PORT,
   WORLD_SIZE, RANK, LOCAL_RANK) and runs the same start_server command; RANK 0 serves HTTP, the others
   run the worker loop. WORLD_SIZE must equal --tp_size.
@@ -23,15 +23,12 @@ from typing import Optional
 from rtp_llm.config.engine_config import EngineConfig
 from rtp_llm.distributed.group import TensorParallel
 from rtp_llm.distributed.monitor import Heartbeat, WorkerMonitor
+from rtp_llm.errors import LaunchError
 
 log = logging.getLogger(__name__)
 
 CONFIG_ENV = "RTP_LLM_ENGINE_CONFIG"   # the EngineConfig (JSON) of spawned workers
 SPAWNED_ENV = "RTP_LLM_SPAWNED_BY"     # pid of the rank 0 that spawned this worker
-
-
-class LaunchError(ValueError):
-    """The distributed environment is inconsistent; the message names the variable."""
 
 
 @dataclass
@@ -119,7 +116,7 @@ class TPRuntime:
         })
         for rank in range(1, env.size):
             child = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
-            self.procs[rank] = subprocess.Popen([sys.executable, "-m", "rtp_llm.distributed.worker"], env=child)
+            self.procs[rank] = subprocess.Popen([sys.executable, "-m", "rtp_llm.engine.tp_worker"], env=child)
 
     def on_failure(self, callback) -> None:
         """callback(message) runs once, on the monitor's thread, when a worker dies or hangs."""

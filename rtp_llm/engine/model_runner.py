@@ -1,92 +1,104 @@
-"""ModelRunner: owns the model, the KV buffer, the block bookkeeping, the attention backend and the
-sampler, and turns one scheduled step into one model call.
+"""ModelRunner: runs one scheduled step: the model's forward on the step's flat batch, then the sampler on the
+rows that sample. It owns the KV buffer, the attention backend and the sampler; the block accounting is the
+scheduler's.
 
-With tensor parallelism, rank 0's runner broadcasts each step (rtp_llm/distributed/step_message.py)
-before running it; the other ranks' runners have no block manager and only `execute` what they receive.
+With tensor parallelism, rank 0's runner broadcasts each step's inputs (distributed/step_message.py) before
+running it; the other ranks (engine/tp_worker.py) run `forward` on what they receive.
 """
 
 from __future__ import annotations
 
-import itertools
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
 
-from rtp_llm.cache import KVBuffer, KVCacheManager
+from rtp_llm.cache import KVBuffer
 from rtp_llm.config.model_config import ModelConfig
-from rtp_llm.layers.attention import get_backend
+from rtp_llm.device.base import Device
+from rtp_llm.device.forward_batch import ForwardBatch
+from rtp_llm.distributed.step_message import StepMessage
+from rtp_llm.engine.scheduler import SchedulerOutput
+from rtp_llm.errors import TPWorkerError
 from rtp_llm.models.decoder import DecoderLM
-from rtp_llm.models.forward_batch import ForwardBatch
-from rtp_llm.sampling import Sampler
-
-_GiB = 1 << 30
+from rtp_llm.sampling import GreedyTokens, Sampler, SamplingBatch
 
 
-def resolve_block_size(config, device) -> int:
-    block_size = config.block_size or device.default_block_size
-    device.validate_block_size(block_size)
-    return block_size
-
-
-def kv_block_count(config, kv_heads: int, model_cfg: ModelConfig, kv_dtype: torch.dtype, block_size: int,
-                   device) -> int:
-    """Explicit count, else kv_cache_memory_gb, else 1 GiB on CPU or a fraction of free device memory.
-    kv_heads: the heads this rank holds (all of them without tensor parallelism)."""
-    if config.num_blocks is not None:
-        return config.num_blocks
-    per_block = KVBuffer.bytes_per_block(model_cfg.num_layers, block_size, kv_heads, model_cfg.head_dim, kv_dtype)
-    if config.kv_cache_memory_gb is not None:
-        budget = int(config.kv_cache_memory_gb * _GiB)
-    elif device.name == "cpu":
-        budget = _GiB
-    else:
-        free, _ = device.memory_info()
-        budget = int(free * config.kv_cache_memory_fraction)
-    return budget // per_block + 1  # + the padding block
+@dataclass
+class RunnerOutput:
+    """The sampled token of every sample row of the step (SchedulerOutput.sample_rows, in order), host lists."""
+    token_ids: list[int]
+    logprobs: Optional[list[float]] = None
+    top_ids: Optional[list[list[int]]] = None
+    top_logprobs: Optional[list[list[float]]] = None
 
 
 class ModelRunner:
-    def __init__(self, model: DecoderLM, cfg: ModelConfig, num_blocks: int, block_size: int,
-                 attention: str = "torch_ref", enable_prefix_cache: bool = True,
-                 kv_dtype: torch.dtype | None = None, device: torch.device | str = "cpu", ops=None,
-                 with_manager: bool = True, tp=None):
+    def __init__(self, model: DecoderLM, cfg: ModelConfig, num_blocks: int, block_size: int, device: Device,
+                 attention: Optional[str] = None, tp=None):
         self.model, self.cfg = model, cfg
         self.block_size = block_size
-        self.device = torch.device(device)
+        self.device = device.torch_device
         self.tp = tp if tp is not None and tp.size > 1 else None
-        self.manager = KVCacheManager(num_blocks, block_size, enable_prefix_cache) if with_manager else None
         heads, kv_heads = model.shard.num_heads, model.shard.num_kv_heads  # this rank's share
-        self.kv = KVBuffer(cfg.num_layers, num_blocks, block_size, kv_heads, cfg.head_dim,
-                           dtype=kv_dtype or model.dtype, device=self.device, zeros=(ops or model.ops).zeros_buffer)
-        self.attn = get_backend(attention)(heads, kv_heads, cfg.head_dim, cfg.head_dim ** -0.5, block_size)
-        self.sampler = Sampler(ops or model.ops)
-        self._seq_ids = itertools.count(1)
+        self.kv = KVBuffer(cfg.num_layers, num_blocks, block_size, kv_heads, cfg.head_dim, dtype=model.dtype,
+                           device=self.device, zeros=device.zeros)
+        self.attn = device.attention_backend(attention)(heads, kv_heads, cfg.head_dim, cfg.head_dim ** -0.5,
+                                                        block_size)
+        self.sampler = Sampler(model.ops)
 
-    def new_seq_id(self) -> int:
-        return next(self._seq_ids)
+    # --- the step ----------------------------------------------------------------------------------------------
+    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        items = sched.scheduled
+        step = StepMessage([np.asarray(x.tokens) for x in items], [x.start for x in items], [x.slots for x in items],
+                           [x.needs_sample for x in items], sched.block_table, list(sched.copies))
+        try:
+            if self.tp is not None:
+                self.tp.send_step(step)
+            out = self.forward(step, greedy=self._greedy_step(sched))
+        except Exception as exc:
+            if self.tp is None or isinstance(exc, TPWorkerError):
+                raise
+            # The other ranks may be inside this step's collectives: they cannot be resynchronised.
+            raise TPWorkerError(f"tensor-parallel step failed on rank 0: {type(exc).__name__}: {exc}") from exc
+        return self._sample(out, sched.sample_rows)
 
-    def forward(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]], start_positions: Sequence[int],
-                slots: Sequence[np.ndarray], need_logits: Sequence[bool] | None = None,
-                copies: Sequence[tuple[int, int]] = (), greedy: bool = False):
-        """One model call. Sequence i's new tokens sit at start_positions[i].. with slots[i] already
-        allocated by the manager; copy-on-write block copies are applied first. Returns float32 logits
-        for the rows that need them, or with `greedy` (all those rows sampled greedily, nothing reshaping
-        their logits) possibly their argmax only (GreedyTokens; never under tensor parallelism)."""
-        bs = self.block_size
-        width = max((s + len(t) + bs - 1) // bs for s, t in zip(start_positions, tokens))
-        table = np.empty((len(seq_ids), width), dtype=np.int32)
-        self.manager.fill_block_tables(np.asarray(seq_ids, dtype=np.int64), table)
-        if self.tp is not None:
-            from rtp_llm.distributed.step_message import StepMessage
-
-            need = [True] * len(tokens) if need_logits is None else list(need_logits)
-            self.tp.send_step(StepMessage([np.asarray(t) for t in tokens], list(start_positions), list(slots), need,
-                                          table, list(copies)))
-        return self.execute(tokens, start_positions, slots, table, need_logits, copies, greedy)
-
-    def execute(self, tokens, start_positions, slots, table: np.ndarray, need_logits=None, copies=(), greedy=False):
-        """The model call itself, identical on every tensor-parallel rank (logits only on rank 0)."""
-        self.kv.copy_blocks(copies)
-        batch = ForwardBatch.build(tokens, start_positions, slots, table, self.block_size, need_logits, self.device)
+    def forward(self, step: StepMessage, greedy: bool = False):
+        """The model call itself, identical on every tensor-parallel rank (logits only on rank 0): float32 logits
+        of the rows that sample, or with `greedy` possibly their argmax only (GreedyTokens)."""
+        self.kv.copy_blocks(step.copies)
+        batch = ForwardBatch.build(step.tokens, step.starts, step.slots, step.block_table, self.block_size,
+                                   step.need_logits, self.device)
         return self.model(batch, self.kv, self.attn, greedy=greedy)
+
+    @staticmethod
+    def _greedy_step(sched: SchedulerOutput) -> bool:
+        """Whether only each sampled row's argmax is needed: every sample greedy with nothing reshaping its logits,
+        no sibling to fork, no stop token banned yet by min_tokens."""
+        return all(GreedyTokens.applies(s.request.params) and not s.stop_ids_banned for s, _ in sched.sample_rows)
+
+    def _sample(self, logits, rows) -> RunnerOutput:
+        if not rows:
+            return RunnerOutput([])
+        if isinstance(logits, GreedyTokens):  # the model already took each row's argmax
+            ids = logits.token_ids.cpu().tolist()
+            return RunnerOutput([ids[r] for _, r in rows])
+        if len(rows) != logits.shape[0] or any(i != r for i, (_, r) in enumerate(rows)):
+            logits = logits.index_select(0, torch.tensor([r for _, r in rows], dtype=torch.long).to(logits.device))
+        seqs = [s for s, _ in rows]
+        batch = SamplingBatch.build([s.request.params for s in seqs], [s.seed for s in seqs],
+                                    [len(s.output) for s in seqs], [s.prompt for s in seqs], [s.output for s in seqs],
+                                    logits.shape[-1], logits.device)
+        banned = [(i, t) for i, s in enumerate(seqs) if s.stop_ids_banned for t in s.request.stop_ids]
+        if banned:  # min_tokens: stop tokens cannot be generated yet
+            bi = torch.tensor([b[0] for b in banned]).to(logits.device)
+            bt = torch.tensor([b[1] for b in banned]).to(logits.device)
+            logits = logits.clone()
+            logits[bi, bt] = float("-inf")
+        out = self.sampler(logits, batch)
+        # The only device -> host copies of a step: R token ids (and logprobs when asked).
+        return RunnerOutput(out.token_ids.cpu().tolist(),
+                            out.logprobs.cpu().tolist() if out.logprobs is not None else None,
+                            out.top_ids.cpu().tolist() if out.top_ids is not None else None,
+                            out.top_logprobs.cpu().tolist() if out.top_logprobs is not None else None)

@@ -1,4 +1,5 @@
-"""What the engine returns: per request, per sample, the new text/tokens of this step and totals."""
+"""What the engine hands its callers: per request, per sample, the new text/tokens of this step and the totals
+so far (RequestOutput, as vLLM's), rebuilt by an OutputCollector from the core's per-step deltas."""
 
 from __future__ import annotations
 
@@ -45,3 +46,37 @@ class RequestOutput:
         completion = sum(len(o.token_ids) for o in self.outputs)
         return {"prompt_tokens": len(self.prompt_token_ids), "completion_tokens": completion,
                 "total_tokens": len(self.prompt_token_ids) + completion}
+
+
+class OutputCollector:
+    """Running totals of every open request, from the core's OutputDeltas (engine/protocol.py): a step's deltas
+    carry only the new text, tokens and logprobs, so the core and the pipe do O(new tokens) per step."""
+
+    def __init__(self):
+        self._open: dict[str, tuple[list[int], dict[int, list]]] = {}
+
+    def add(self, delta) -> RequestOutput:
+        entry = self._open.get(delta.request_id)
+        if entry is None:
+            entry = self._open[delta.request_id] = (list(delta.prompt_token_ids or []), {})
+        prompt, samples = entry
+        outs = []
+        for d in delta.samples:
+            s = samples.get(d.index)
+            if s is None:
+                s = samples[d.index] = ["", [], None if d.logprobs is None else []]
+            s[0] += d.text
+            s[1].extend(d.token_ids)
+            if d.logprobs is not None:
+                s[2].extend(d.logprobs)
+            # Copies: an earlier output still queued for a slow consumer must not change under it.
+            outs.append(CompletionOutput(d.index, s[0], list(s[1]), d.text, list(d.token_ids),
+                                         None if s[2] is None else list(s[2]), d.logprobs, d.finish_reason,
+                                         d.stop_reason))
+        if delta.finished:
+            del self._open[delta.request_id]
+        return RequestOutput(delta.request_id, prompt, outs, delta.finished, delta.num_cached_tokens, delta.error,
+                             delta.metrics)
+
+    def discard(self, request_id: str) -> None:
+        self._open.pop(request_id, None)

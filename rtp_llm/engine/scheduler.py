@@ -1,4 +1,5 @@
-"""The scheduler: one mixed batch per step under max_num_seqs and max_num_batched_tokens.
+"""The scheduler: one mixed batch per step under max_num_seqs and max_num_batched_tokens. It owns the KV
+block accounting (the C++ KVCacheManager): every block a sequence holds was taken here and is freed here.
 
 Order of work in a step:
   1. running decodes (one token each), in admission order;
@@ -9,6 +10,10 @@ running decodes. Blocks are taken from the C++ KVCacheManager as work is schedul
 out, the most recently admitted running sequence is preempted (its blocks freed, itself requeued
 at the front for recompute). Requests are never lost: a preempted sequence keeps its output and
 resumes with it.
+
+The step's output says what to compute (tokens, positions, KV slots, block tables, copy-on-write copies) and
+which sequences sample from which logits row: a request's siblings (n > 1) sample from sequence 0's last prompt
+row, and are forked from it in the manager once that step has run (fork_siblings).
 """
 
 from __future__ import annotations
@@ -26,13 +31,17 @@ from rtp_llm.engine.sequence import Sequence, SeqState
 log = logging.getLogger(__name__)
 
 
+def _pending_forks(seq: Sequence) -> int:
+    return sum(1 for x in seq.request.sequences if x.state == SeqState.PENDING_FORK) if seq.index == 0 else 0
+
+
 @dataclass
 class ScheduledSeq:
     seq: Sequence
     start: int              # first position computed this step
     tokens: list[int]       # the tokens computed this step
     slots: np.ndarray       # their KV slots
-    samples: bool           # the chunk reaches the end: sample the next token from its last row
+    needs_sample: bool      # the chunk reaches the end: sample the next token from its last row
 
 
 @dataclass
@@ -40,6 +49,9 @@ class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write block copies
     preempted: list[Sequence] = field(default_factory=list)
+    block_table: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.int32))  # [B, W] int32
+    # (sequence, logits row) for every token to sample: row r = the r-th scheduled item that needs a sample
+    sample_rows: list[tuple[Sequence, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -47,8 +59,10 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, prefill_chunk: int):
-        self.manager = manager
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool, max_num_seqs: int,
+                 max_num_batched_tokens: int, prefill_chunk: int):
+        self.manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+        self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_tokens = max_num_batched_tokens
         self.prefill_chunk = prefill_chunk
@@ -68,19 +82,33 @@ class Scheduler:
         seq.admitted_at = next(self._admissions)
         self.running.append(seq)
 
-    def remove(self, seq: Sequence) -> None:
+    def finish(self, seq: Sequence) -> None:
         """Takes a finished or aborted sequence out and frees its blocks."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self._free(seq)
+        seq.state = SeqState.FINISHED
+
+    def fork_siblings(self, out: SchedulerOutput) -> None:
+        """After the step ran: each sibling that sampled from sequence 0's last prompt row now shares its blocks
+        (copy-on-write of the partial last block when either side appends) and runs on its own."""
+        for seq, _ in out.sample_rows:
+            if seq.state != SeqState.PENDING_FORK:
+                continue
+            parent = seq.request.sequences[0]
+            self.manager.fork(parent.seq_id, seq.seq_id)
+            seq.in_manager = True
+            seq.num_computed_tokens = parent.num_computed_tokens
+            seq.num_registered_tokens = parent.num_registered_tokens
+            self.start_running(seq)
 
     def _free(self, seq: Sequence) -> None:
         if seq.in_manager:
             self.manager.free(seq.seq_id)
             seq.in_manager = False
-        seq.num_computed = 0
+        seq.num_computed_tokens = 0
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
@@ -118,9 +146,9 @@ class Scheduler:
                 self._preempt(victim, out)
                 continue
             for j, s in enumerate(decodes):
-                out.scheduled.append(ScheduledSeq(s, s.num_computed, [s.output[-1]], slots[j:j + 1], True))
-                s.num_computed += 1
-                s.known += 1
+                out.scheduled.append(ScheduledSeq(s, s.num_computed_tokens, [s.output[-1]], slots[j:j + 1], True))
+                s.num_computed_tokens += 1
+                s.num_registered_tokens += 1
             budget -= len(decodes)
             break
 
@@ -134,13 +162,15 @@ class Scheduler:
                 continue
             budget -= len(out.scheduled[-1].tokens)
 
-        # 3. Waiting sequences, FIFO. Nothing preempted this step is readmitted in the same step.
+        # 3. Waiting sequences, FIFO. Nothing preempted this step is readmitted in the same step. Siblings waiting
+        # for their parent's prefill count as running: they join it without another admission.
+        forks = sum(_pending_forks(s) for s in self.running if s.index == 0)
         while self.waiting and budget > 0:
             s = self.waiting[0]
             if s in out.preempted:
                 break
-            need = 1 + sum(1 for x in s.request.sequences if x.state == SeqState.PENDING_FORK)
-            if len(self.running) + need > self.max_num_seqs and self.running:
+            need = 1 + _pending_forks(s)
+            if len(self.running) + forks + need > self.max_num_seqs and self.running:
                 break
             tokens = np.asarray(s.all_tokens(), dtype=np.int32)
             cached = m.match_prefix(tokens)
@@ -148,18 +178,40 @@ class Scheduler:
             if not m.can_allocate(tokens, cached + chunk):
                 break
             self.waiting.popleft()
-            s.num_computed = m.add_sequence(s.seq_id, tokens)
-            s.known = len(tokens)
+            s.num_computed_tokens = m.add_sequence(s.seq_id, tokens)
+            s.num_registered_tokens = len(tokens)
             s.in_manager = True
             if s.request.cached_tokens == 0 and s.preemptions == 0:
-                s.request.cached_tokens = s.num_computed
+                s.request.cached_tokens = s.num_computed_tokens
             s.state = SeqState.RUNNING
             s.admitted_at = next(self._admissions)
             self.running.append(s)
+            forks += need - 1
             if not self._schedule_chunk(s, budget, out, preempt=False):
                 break
             budget -= len(out.scheduled[-1].tokens)
+        self._finish_output(out)
         return out
+
+    def _finish_output(self, out: SchedulerOutput) -> None:
+        """The step's block tables and sample rows, once every allocation of the step is done."""
+        items = out.scheduled
+        if not items:
+            return
+        bs = self.block_size
+        width = max((x.start + len(x.tokens) + bs - 1) // bs for x in items)
+        out.block_table = np.empty((len(items), width), dtype=np.int32)
+        self.manager.fill_block_tables(np.fromiter((x.seq.seq_id for x in items), dtype=np.int64, count=len(items)),
+                                       out.block_table)
+        row = 0
+        for x in items:
+            if not x.needs_sample:
+                continue
+            out.sample_rows.append((x.seq, row))
+            if x.seq.index == 0:
+                out.sample_rows.extend((sib, row) for sib in x.seq.request.sequences[1:]
+                                       if sib.state == SeqState.PENDING_FORK)
+            row += 1
 
     def _schedule_chunk(self, s: Sequence, budget: int, out: SchedulerOutput, preempt: bool) -> bool:
         """Slots for s's next prefill chunk. On block shortage: preempt newer sequences (running
@@ -179,10 +231,10 @@ class Scheduler:
                     return False
                 self._preempt(victim, out)
                 continue
-            start = s.num_computed
+            start = s.num_computed_tokens
             toks = [s.token_at(i) for i in range(start, start + chunk)]
-            s.num_computed += chunk
-            out.scheduled.append(ScheduledSeq(s, start, toks, slots, s.num_computed == s.num_tokens))
+            s.num_computed_tokens += chunk
+            out.scheduled.append(ScheduledSeq(s, start, toks, slots, s.num_computed_tokens == s.num_tokens))
             return True
 
     def _unadmit(self, s: Sequence) -> None:

@@ -1,13 +1,13 @@
-"""Requests and their sequences.
+"""Requests and their sequences, as the core tracks them.
 
-A Request holds one prompt and n Sequences (n > 1 for several samples). Sequence 0 computes the
-prompt; its siblings are forked from it when its prefill completes, sharing the prompt's KV
-blocks, and each samples its own first token from the same logits.
+A Request holds one prompt and n Sequences (n > 1 for several samples). Sequence 0 computes the prompt; its
+siblings are forked from it when its prefill completes, sharing the prompt's KV blocks, and each samples its own
+first token from the same logits.
 
-A sequence's tokens are prompt + output. `num_computed` of them have KV in the cache. The next
-step computes tokens[num_computed:] (a whole or partial prefill, or the one last sampled token
-when decoding); when that reaches the end, the last row's logits give the next token. A preempted
-sequence is recomputed the same way: its prompt and output are prefilled again.
+A sequence's tokens are prompt + output. `num_computed_tokens` of them have KV in the cache. The next step
+computes tokens[num_computed_tokens:] (a whole or partial prefill, or the one last sampled token when decoding);
+when that reaches the end, the last row's logits give the next token. A preempted sequence is recomputed the same
+way: its prompt and output are prefilled again.
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ class Sequence:
     seed: int
     detok: IncrementalDetokenizer
     output: list[int] = field(default_factory=list)
-    logprobs: list = field(default_factory=list)     # per output token: (logprob, [(id, logprob)...]) or None
+    logprobs: list = field(default_factory=list)     # per output token: TokenLogprob, when asked
     state: SeqState = SeqState.WAITING
-    num_computed: int = 0
+    num_computed_tokens: int = 0   # tokens whose KV is in the cache
+    num_registered_tokens: int = 0  # tokens the KVCacheManager holds for this sequence (slotted or not)
     admitted_at: int = -1          # admission counter: the newest running sequence is preempted first
     in_manager: bool = False       # has blocks / an entry in the KVCacheManager
-    known: int = 0                 # tokens the KVCacheManager knows (slotted or not)
     finish_reason: Optional[FinishReason] = None
     stop_reason: Optional[object] = None  # the stop string or token id that ended it
     preemptions: int = 0
@@ -71,17 +71,23 @@ class Sequence:
     @property
     def remaining(self) -> int:
         """Tokens still to compute before the next sample."""
-        return self.num_tokens - self.num_computed
+        return self.num_tokens - self.num_computed_tokens
 
     @property
     def is_decode(self) -> bool:
         # One token left, and it is the last sampled one, which the manager has not seen yet
         # (a recompute whose prefill chunk stops one short is still a prefill).
-        return self.state == SeqState.RUNNING and self.remaining == 1 and self.known == self.num_computed
+        return (self.state == SeqState.RUNNING and self.remaining == 1
+                and self.num_registered_tokens == self.num_computed_tokens)
 
     @property
     def finished(self) -> bool:
         return self.state == SeqState.FINISHED
+
+    @property
+    def stop_ids_banned(self) -> bool:
+        """min_tokens: the request's stop tokens may not be sampled yet."""
+        return len(self.output) < self.request.params.min_tokens and bool(self.request.stop_ids)
 
 
 @dataclass(eq=False)
@@ -89,6 +95,7 @@ class Request:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
+    stop_ids: frozenset[int] = frozenset()  # the token ids that end a sample: stop_token_ids, EOS unless ignored
     arrival: float = field(default_factory=time.monotonic)
     sequences: list[Sequence] = field(default_factory=list)
     first_token_time: Optional[float] = None
@@ -97,6 +104,7 @@ class Request:
     cached_tokens: int = 0         # prompt tokens served from the prefix cache at first admission
     computed_prompt_tokens: int = 0  # prompt tokens actually computed (recomputes included)
     deadline: Optional[float] = None
+    announced: bool = False        # its first delta (with the prompt ids) has gone out
 
     @property
     def finished(self) -> bool:

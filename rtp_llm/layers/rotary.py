@@ -2,7 +2,7 @@
 
 Inverse frequencies follow the Hugging Face definitions of the default, `linear` and `llama3`
 RoPE types; cos/sin are computed in float32 per position and cached up to the largest position
-seen (grown by doubling), then gathered by position id for each step.
+seen (grown by doubling), then gathered by position id for each step. The rotation itself is the device's op (TorchOps.rotary).
 """
 
 from __future__ import annotations
@@ -51,13 +51,3 @@ class RotaryEmbedding:
         if need > self._cos.shape[0]:
             self._build(max(need, 2 * self._cos.shape[0]))
         return self._cos[positions].to(dtype), self._sin[positions].to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, head_dim]; cos/sin [T, head_dim]."""
-    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]

@@ -5,7 +5,7 @@ explicit head_dim, tied embeddings. Q/K/V and gate/up are fused into one matmul 
 The graph runs on a flat ForwardBatch; logits are computed only for batch.logits_indices.
 
 Tensor parallelism (rtp_llm/distributed/): built with a TensorParallel group, the model holds only its
-rank's slices (rtp_llm/distributed/sharding.py) and calls three collectives: an all-reduce after the
+rank's slices (rtp_llm/models/sharding.py) and calls three collectives: an all-reduce after the
 vocab-parallel embedding, after o_proj and after down_proj (biases added after the sum), and a gather
 of the vocab-parallel logits to rank 0. Without one, the shard is the whole model and nothing changes.
 """
@@ -20,73 +20,54 @@ from torch import nn
 
 from rtp_llm.cache.kv_buffer import KVBuffer
 from rtp_llm.config.model_config import ModelConfig
-from rtp_llm.distributed.sharding import TPShard
-from rtp_llm.layers.attention.base import AttentionBackend
-from rtp_llm.layers.ops import TorchOps
+from rtp_llm.device.attention import AttentionBackend
+from rtp_llm.device.forward_batch import ForwardBatch
+from rtp_llm.device.torch_ops import TorchOps
+from rtp_llm.errors import MissingTensorError, ShapeMismatchError
+from rtp_llm.layers.linear import Linear, parameter
+from rtp_llm.layers.mlp import GatedMLP
+from rtp_llm.layers.norm import RMSNorm
 from rtp_llm.layers.rotary import RotaryEmbedding
-from rtp_llm.models.errors import MissingTensorError, ShapeMismatchError
-from rtp_llm.models.forward_batch import ForwardBatch
 from rtp_llm.models.lazy_tensor import LazyTensor, read_tensor
+from rtp_llm.models.sharding import TPShard
 from rtp_llm.sampling.sampler import GreedyTokens
 
 
-def _param(shape, dtype, device):
-    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
-
-
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device, shard: TPShard, tp=None):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device, shard: TPShard, ops, tp=None):
         super().__init__()
-        self.cfg, self.tp = cfg, tp
-        self.num_heads, self.num_kv_heads = shard.num_heads, shard.num_kv_heads
+        self.num_heads, self.num_kv_heads, self.head_dim = shard.num_heads, shard.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = shard.num_heads * cfg.head_dim, shard.num_kv_heads * cfg.head_dim
-        h, q, kv, inter = cfg.hidden_size, self.q_size, self.kv_size, shard.intermediate
-        self.input_norm = _param((h,), dtype, device)
-        self.qkv_weight = _param((q + 2 * kv, h), dtype, device)
-        self.qkv_bias = _param((q + 2 * kv,), dtype, device) if cfg.qkv_bias else None
-        self.q_norm = _param((cfg.head_dim,), dtype, device) if cfg.qk_norm else None
-        self.k_norm = _param((cfg.head_dim,), dtype, device) if cfg.qk_norm else None
-        self.o_weight = _param((h, q), dtype, device)
-        self.o_bias = _param((h,), dtype, device) if cfg.o_bias else None
-        self.post_norm = _param((h,), dtype, device)
-        self.gate_up_weight = _param((2 * inter, h), dtype, device)
-        self.gate_up_bias = _param((2 * inter,), dtype, device) if cfg.mlp_bias else None
-        self.down_weight = _param((h, inter), dtype, device)
-        self.down_bias = _param((h,), dtype, device) if cfg.mlp_bias else None
+        h, q, kv, eps = cfg.hidden_size, self.q_size, self.kv_size, cfg.rms_norm_eps
+        self.ops = ops
+        self.input_norm = RMSNorm(h, eps, dtype, device, ops)
+        self.qkv = Linear(h, q + 2 * kv, cfg.qkv_bias, dtype, device)
+        self.q_norm = RMSNorm(cfg.head_dim, eps, dtype, device, ops) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, eps, dtype, device, ops) if cfg.qk_norm else None
+        self.o = Linear(q, h, cfg.o_bias, dtype, device, tp=tp)
+        self.post_norm = RMSNorm(h, eps, dtype, device, ops)
+        self.mlp = GatedMLP(h, shard.intermediate, cfg.mlp_bias, dtype, device, ops, tp)
 
-    def forward(self, x, residual, cos, sin, layer_kv, attn: AttentionBackend, meta, ops):
-        cfg = self.cfg
+    def linears(self) -> list[Linear]:
+        return [self.qkv, self.o, self.mlp.gate_up, self.mlp.down]
+
+    def forward(self, x, residual, cos, sin, layer_kv, attn: AttentionBackend, meta):
         if residual is None:
             residual = x
-            h = ops.rms_norm(x, self.input_norm, cfg.rms_norm_eps)
+            h = self.input_norm(x)
         else:
-            h, residual = ops.add_rms_norm(x, residual, self.input_norm, cfg.rms_norm_eps)
-        qkv = ops.linear(h, self.qkv_weight, self.qkv_bias)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            h, residual = self.input_norm.add(x, residual)
+        q, k, v = self.qkv(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         t = q.shape[0]
-        q = q.reshape(t, self.num_heads, cfg.head_dim)
-        k = k.reshape(t, self.num_kv_heads, cfg.head_dim)
-        v = v.reshape(t, self.num_kv_heads, cfg.head_dim)
+        q = q.reshape(t, self.num_heads, self.head_dim)
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps)
-            k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
-        q, k = ops.rotary(q, k, cos, sin)
-        o = attn.forward(q, k, v, layer_kv, meta).reshape(t, self.q_size)
-        x = self._row_parallel(ops, o, self.o_weight, self.o_bias)
-        h, residual = ops.add_rms_norm(x, residual, self.post_norm, cfg.rms_norm_eps)
-        if self.tp is None:
-            x = ops.mlp(h, self.gate_up_weight, self.gate_up_bias, self.down_weight, self.down_bias)
-        else:
-            gate_up = ops.linear(h, self.gate_up_weight, self.gate_up_bias)
-            x = self._row_parallel(ops, ops.silu_and_mul(gate_up), self.down_weight, self.down_bias)
-        return x, residual
-
-    def _row_parallel(self, ops, x, weight, bias):
-        """x @ weight.T over this rank's input slice; the partial sums meet in one all-reduce."""
-        if self.tp is None:
-            return ops.linear(x, weight, bias)
-        y = self.tp.all_reduce(ops.linear(x, weight))
-        return y if bias is None else y + bias
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.ops.rotary(q, k, cos, sin)
+        x = self.o(attn.forward(q, k, v, layer_kv, meta).reshape(t, self.q_size))
+        h, residual = self.post_norm.add(x, residual)
+        return self.mlp(h), residual
 
 
 class DecoderLM(nn.Module):
@@ -98,12 +79,19 @@ class DecoderLM(nn.Module):
         self.tp = tp if tp is not None and tp.size > 1 else None
         self.shard = tp.shard(cfg) if self.tp is not None else TPShard.plan(cfg)
         vocab = self.shard.vocab
-        self.embed = _param((vocab, cfg.hidden_size), dtype, device)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device, self.shard, self.tp)
+        self.embed = parameter((vocab, cfg.hidden_size), dtype, device)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device, self.shard, self.ops, self.tp)
                                     for _ in range(cfg.num_layers))
-        self.norm = _param((cfg.hidden_size,), dtype, device)
-        self.lm_head = None if cfg.tie_word_embeddings else _param((vocab, cfg.hidden_size), dtype, device)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device, self.ops)
+        self.head = Linear(cfg.hidden_size, vocab, False, dtype, device,
+                           tied=self.embed if cfg.tie_word_embeddings else None)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, min(cfg.max_position_embeddings, 4096), device)
+        self.fused_layers = None  # prepare(): the op set's whole-step path, if it has one
+
+    def prepare(self) -> None:
+        """After the weights are loaded: the device picks (and packs for) each linear layer's kernel."""
+        self.ops.prepare_linears([lin for layer in self.layers for lin in layer.linears()], self.head)
+        self.fused_layers = self.ops.fused_layers(self.layers, self.cfg)
 
     # --- weights -------------------------------------------------------------------------------------
     def expected_weights(self) -> dict[str, tuple[int, ...]]:
@@ -161,27 +149,28 @@ class DecoderLM(nn.Module):
             more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
             raise MissingTensorError(f"checkpoint is missing tensor {', '.join(missing[:3])}{more}")
         self.embed.copy_(got["model.embed_tokens.weight"])
-        self.norm.copy_(got["model.norm.weight"])
-        if self.lm_head is not None:
-            self.lm_head.copy_(got["lm_head.weight"])
+        self.norm.weight.copy_(got["model.norm.weight"])
+        if not self.head.tied:
+            self.head.weight.copy_(got["lm_head.weight"])
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
-            layer.input_norm.copy_(got[p + "input_layernorm.weight"])
-            layer.post_norm.copy_(got[p + "post_attention_layernorm.weight"])
-            layer.qkv_weight.copy_(torch.cat([got[p + f"self_attn.{x}_proj.weight"] for x in "qkv"]))
-            if layer.qkv_bias is not None:
-                layer.qkv_bias.copy_(torch.cat([got[p + f"self_attn.{x}_proj.bias"] for x in "qkv"]))
+            layer.input_norm.weight.copy_(got[p + "input_layernorm.weight"])
+            layer.post_norm.weight.copy_(got[p + "post_attention_layernorm.weight"])
+            layer.qkv.weight.copy_(torch.cat([got[p + f"self_attn.{x}_proj.weight"] for x in "qkv"]))
+            if layer.qkv.bias is not None:
+                layer.qkv.bias.copy_(torch.cat([got[p + f"self_attn.{x}_proj.bias"] for x in "qkv"]))
             if layer.q_norm is not None:
-                layer.q_norm.copy_(got[p + "self_attn.q_norm.weight"])
-                layer.k_norm.copy_(got[p + "self_attn.k_norm.weight"])
-            layer.o_weight.copy_(got[p + "self_attn.o_proj.weight"])
-            if layer.o_bias is not None:
-                layer.o_bias.copy_(got[p + "self_attn.o_proj.bias"])
-            layer.gate_up_weight.copy_(torch.cat([got[p + "mlp.gate_proj.weight"], got[p + "mlp.up_proj.weight"]]))
-            layer.down_weight.copy_(got[p + "mlp.down_proj.weight"])
-            if layer.gate_up_bias is not None:
-                layer.gate_up_bias.copy_(torch.cat([got[p + "mlp.gate_proj.bias"], got[p + "mlp.up_proj.bias"]]))
-                layer.down_bias.copy_(got[p + "mlp.down_proj.bias"])
+                layer.q_norm.weight.copy_(got[p + "self_attn.q_norm.weight"])
+                layer.k_norm.weight.copy_(got[p + "self_attn.k_norm.weight"])
+            layer.o.weight.copy_(got[p + "self_attn.o_proj.weight"])
+            if layer.o.bias is not None:
+                layer.o.bias.copy_(got[p + "self_attn.o_proj.bias"])
+            mlp = layer.mlp
+            mlp.gate_up.weight.copy_(torch.cat([got[p + "mlp.gate_proj.weight"], got[p + "mlp.up_proj.weight"]]))
+            mlp.down.weight.copy_(got[p + "mlp.down_proj.weight"])
+            if mlp.gate_up.bias is not None:
+                mlp.gate_up.bias.copy_(torch.cat([got[p + "mlp.gate_proj.bias"], got[p + "mlp.up_proj.bias"]]))
+                mlp.down.bias.copy_(got[p + "mlp.down_proj.bias"])
 
     # --- forward -------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -193,20 +182,18 @@ class DecoderLM(nn.Module):
         cos, sin = self.rotary.cos_sin(batch.positions, self.dtype, max(batch.kv_lens) - 1)
         x = self._embed(batch.input_ids)
         residual = None
-        fused = self.ops.decode_layers(self, x, cos, sin, kv, attn, meta) if self.tp is None else None
+        fused = None if self.fused_layers is None else self.fused_layers(x, cos, sin, kv, meta, attn.scale)
         if fused is not None:
             x, residual = fused
         else:
             for i, layer in enumerate(self.layers):
-                x, residual = layer(x, residual, cos, sin, kv.layer(i), attn, meta, self.ops)
-        h = (x + residual)[batch.logits_indices]
-        h = self.ops.rms_norm(h, self.norm, self.cfg.rms_norm_eps)
-        head = self.embed if self.lm_head is None else self.lm_head
+                x, residual = layer(x, residual, cos, sin, kv.layer(i), attn, meta)
+        h = self.norm((x + residual)[batch.logits_indices])
         if self.tp is None:
-            return GreedyTokens(self.ops.greedy_tokens(h, head)) if greedy else self.ops.lm_head(h, head).float()
+            return GreedyTokens(self.ops.greedy_tokens(h, self.head)) if greedy else self.head(h).float()
         if h.shape[0] == 0:  # every rank knows: the sampled rows are part of the step message
             return h.new_empty((0, self.cfg.vocab_size), dtype=torch.float32)
-        return self.tp.gather_vocab(self.ops.lm_head(h, head).float(), self.shard, self.cfg.vocab_size)
+        return self.tp.gather_vocab(self.head(h).float(), self.shard, self.cfg.vocab_size)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp is None:

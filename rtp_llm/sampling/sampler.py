@@ -3,8 +3,8 @@
 All vocab-sized work is one tensor op over the whole [R, V] batch; per-request values arrive as
 [R] tensors built once per step (SamplingBatch). Order, as Hugging Face's generate applies it:
 repetition penalty, presence/frequency penalties, temperature, top-k then top-p (the documented
-npu_top_k_top_p algorithm), min-p, then a draw. Greedy rows take the argmax of the penalised
-logits. Draws use the exponential race argmax(p / E) with E = -log(U) and U from the counter-based
+npu_top_k_top_p algorithm, on the device's op set), min-p, then a draw. Greedy rows take the argmax of the
+penalised logits. Draws use the exponential race argmax(p / E) with E = -log(U) and U from the counter-based
 generator (sampling/random.py), which selects token i with probability p_i.
 
 Logprobs are of the model's raw distribution (log_softmax of the unprocessed logits), as vLLM
@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from rtp_llm.device.torch_ops import TorchOps
 from rtp_llm.sampling.params import SamplingParams
 from rtp_llm.sampling.random import uniform
 
@@ -111,8 +112,6 @@ def _counts(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
 
 class Sampler:
     def __init__(self, ops=None):
-        from rtp_llm.layers.ops import TorchOps
-
         self.ops = ops or TorchOps()
 
     def apply_penalties(self, logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:

@@ -16,16 +16,15 @@ from pydantic import ValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rtp_llm.engine.async_engine import EngineFront, RequestStream
-from rtp_llm.engine.errors import EngineDeadError, QueueFullError, RequestRejected
+from rtp_llm.engine.client import EngineClient, RequestStream
 from rtp_llm.engine.outputs import RequestOutput
+from rtp_llm.errors import ChatTemplateError, EngineDeadError, QueueFullError, RequestRejected
 from rtp_llm.sampling import SamplingParams
 from rtp_llm.server import openai_format as fmt
 from rtp_llm.server.metrics import Metrics
 from rtp_llm.server.middleware import AuthMiddleware, BodyLimitMiddleware
 from rtp_llm.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, NativeRequest,
                                      TokenizeRequest, error_body)
-from rtp_llm.tokenizer.chat_template import ChatTemplateError
 
 log = logging.getLogger("rtp_llm.server")
 
@@ -46,7 +45,7 @@ def _sse(obj: Any) -> str:
 
 
 class Server:
-    def __init__(self, engine: EngineFront, served_model_name: str):
+    def __init__(self, engine: EngineClient, served_model_name: str):
         self.engine = engine
         self.model_name = served_model_name
         self.max_model_len = engine.max_model_len
@@ -149,7 +148,7 @@ class Server:
             raise APIError(400, str(exc)) from None
 
 
-def create_app(engine: EngineFront, served_model_name: str, api_key: Optional[str] = None,
+def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[str] = None,
                max_body_bytes: int = 1 << 20, on_shutdown: Optional[Callable[[], None]] = None) -> FastAPI:
     """on_shutdown runs once the server has stopped serving (after the graceful drain)."""
     srv = Server(engine, served_model_name)
@@ -208,12 +207,10 @@ def create_app(engine: EngineFront, served_model_name: str, api_key: Optional[st
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest):
-        tok = srv.tokenizer
         if req.messages is not None:
-            text = _render_chat(srv, req.messages, req.add_generation_prompt)
-            ids = tok.encode(text, add_special_tokens=False)
+            ids = _chat_prompt(srv, req.messages, req.add_generation_prompt)
         else:
-            ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            ids = srv.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         return {"tokens": ids, "count": len(ids), "max_model_len": max_model_len}
 
     @app.post("/detokenize")
@@ -228,8 +225,7 @@ def create_app(engine: EngineFront, served_model_name: str, api_key: Optional[st
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, request: Request):
         srv.check_model(req.model)
-        text = _render_chat(srv, req.messages, req.add_generation_prompt)
-        ids = srv.tokenizer.encode(text, add_special_tokens=False)
+        ids = _chat_prompt(srv, req.messages, req.add_generation_prompt)
         max_tokens = req.max_completion_tokens or req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = srv.params(req, max_tokens, logprobs, len(ids))
@@ -248,15 +244,7 @@ def create_app(engine: EngineFront, served_model_name: str, api_key: Optional[st
     async def completions(req: CompletionRequest, request: Request):
         srv.check_model(req.model)
         prompts = req.prompts()
-        vocab = srv.tokenizer.vocab_size
-        encoded = []
-        for p in prompts:
-            ids = srv.tokenizer.encode(p) if isinstance(p, str) else p
-            if not ids:
-                raise APIError(400, "the prompt is empty", param="prompt")
-            if any(not 0 <= t < vocab for t in ids):
-                raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
-            encoded.append(ids)
+        encoded = [engine.processor.encode(p) for p in prompts]  # validated against the model on submit
         params = [srv.params(req, req.max_tokens, req.logprobs, len(ids)) for ids in encoded]
         rid = f"cmpl-{uuid.uuid4().hex}"
         streams = []
@@ -331,10 +319,10 @@ def create_app(engine: EngineFront, served_model_name: str, api_key: Optional[st
     return app
 
 
-def _render_chat(srv: Server, messages, add_generation_prompt: bool) -> str:
+def _chat_prompt(srv: Server, messages, add_generation_prompt: bool) -> list[int]:
     msgs = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in messages]
     try:
-        return srv.tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt)
+        return srv.engine.processor.chat_prompt(msgs, add_generation_prompt)
     except ChatTemplateError as exc:
         raise APIError(400, str(exc), param="messages") from None
 

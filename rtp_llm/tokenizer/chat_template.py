@@ -9,9 +9,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-
-class ChatTemplateError(ValueError):
-    """The template rejected the messages (its own raise_exception), or failed to render."""
+from rtp_llm.errors import ChatTemplateError
 
 
 def _raise(message: str):

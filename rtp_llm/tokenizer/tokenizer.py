@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 
-from rtp_llm.models.errors import CheckpointError, MissingFileError
+from rtp_llm.errors import CheckpointError, MissingFileError
 from rtp_llm.tokenizer import chat_template
 
 # tokenizer.ggml.pre -> the split regex the merges were learned with (byte-level BPE vocabularies).

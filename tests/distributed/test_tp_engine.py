@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from rtp_llm.config.engine_config import EngineConfig
-from rtp_llm.engine.llm_engine import LLMEngine
+from rtp_llm.engine.core import EngineCore
 from rtp_llm.models.default_model import default_model_path
 from rtp_llm.sampling import SamplingParams
-from tests.engine.helpers import greedy, run_all
+from tests.engine.helpers import Driver, greedy, run_all
 from tests.models.tiny_checkpoints import make_checkpoint
 
 CASES = [
@@ -36,9 +36,9 @@ def _workload(vocab: int):
 
 
 def _run(path: str, tp: int, arrivals):
-    engine = LLMEngine(EngineConfig(model=path, tokenizer=default_model_path(), tp_size=tp, block_size=4,
-                                    num_blocks=200, max_num_seqs=8, max_num_batched_tokens=64, max_prefill_chunk=7,
-                                    max_model_len=256))
+    engine = Driver(EngineCore(EngineConfig(model=path, tokenizer=default_model_path(), tp_size=tp, block_size=4,
+                                            num_blocks=200, max_num_seqs=8, max_num_batched_tokens=64,
+                                            max_prefill_chunk=7, max_model_len=256)))
     try:
         procs = dict(engine.tp_runtime.procs) if engine.tp_runtime else {}
         done = run_all(engine, arrivals)
@@ -91,12 +91,11 @@ def test_smollm2_tp2_equals_tp1_through_the_llm_api():
 
 
 def test_bad_tp_settings_are_refused_before_anything_starts(tmp_path, monkeypatch):
-    from rtp_llm.distributed.launch import LaunchError
-    from rtp_llm.distributed.sharding import ShardingError
+    from rtp_llm.errors import LaunchError, ShardingError
 
     make_checkpoint(tmp_path, "qwen3_kv1_tied")  # 4 query heads
     with pytest.raises(ShardingError, match="attention heads"):
-        LLMEngine(EngineConfig(model=str(tmp_path), tokenizer=default_model_path(), tp_size=5, num_blocks=64))
+        EngineCore(EngineConfig(model=str(tmp_path), tokenizer=default_model_path(), tp_size=5, num_blocks=64))
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(LaunchError, match="WORLD_SIZE=3 but tp_size=2"):
-        LLMEngine(EngineConfig(model=str(tmp_path), tokenizer=default_model_path(), tp_size=2, num_blocks=64))
+        EngineCore(EngineConfig(model=str(tmp_path), tokenizer=default_model_path(), tp_size=2, num_blocks=64))

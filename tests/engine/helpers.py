@@ -7,12 +7,38 @@ import dataclasses
 import torch
 
 from rtp_llm.config.engine_config import EngineConfig
-from rtp_llm.engine.llm_engine import LLMEngine
+from rtp_llm.engine.core import EngineCore
+from rtp_llm.engine.input_processor import InputProcessor
+from rtp_llm.engine.outputs import OutputCollector
 from rtp_llm.models.default_model import default_model_path
 from rtp_llm.models.registry import load_model
 from rtp_llm.sampling import SamplingParams
 from rtp_llm.tokenizer import Tokenizer
 from tests.models.tiny_checkpoints import make_checkpoint
+
+
+class Driver:
+    """An EngineCore driven step by step as the offline API drives it: requests through an InputProcessor (which
+    validates them), each step's deltas through an OutputCollector (RequestOutputs with totals). Everything else
+    is the core's."""
+
+    def __init__(self, core: EngineCore):
+        self.core = core
+        self.processor = InputProcessor(core.tokenizer, core.max_model_len, core.vocab_size)
+        self.collector = OutputCollector()
+
+    def add_request(self, request_id, prompt, params=None):
+        self.core.add_request(self.processor.process(request_id, prompt, params))
+
+    def step(self):
+        return [self.collector.add(d) for d in self.core.step()]
+
+    def __getattr__(self, name):
+        return getattr(self.core, name)
+
+
+def driver(config: EngineConfig, **kwargs) -> Driver:
+    return Driver(EngineCore(config, **kwargs))
 
 
 class Tiny:
@@ -24,14 +50,14 @@ class Tiny:
         self.tokenizer = Tokenizer.load(default_model_path())
         self._ref: dict[tuple, list[int]] = {}
 
-    def engine(self, eos_token_ids=(), **kwargs) -> LLMEngine:
+    def engine(self, eos_token_ids=(), **kwargs) -> Driver:
         args = dict(block_size=4, num_blocks=256, max_num_seqs=16, max_num_batched_tokens=256, max_model_len=512)
         args.update(kwargs)
         cfg = dataclasses.replace(self.cfg, eos_token_ids=list(eos_token_ids))
         tok = self.tokenizer
         if eos_token_ids:  # a model whose EOS is the given token: the tokenizer's EOS must not interfere
             tok = Tokenizer(tok.backend, tok.chat_template, None, None)
-        return LLMEngine(EngineConfig(**args), model=self.model, model_config=cfg, tokenizer=tok)
+        return driver(EngineConfig(**args), model=self.model, model_config=cfg, tokenizer=tok)
 
     def greedy(self, prompt: list[int], n: int) -> list[int]:
         """transformers' own greedy continuation (its KV cache, no batching)."""
@@ -44,7 +70,7 @@ class Tiny:
         return self._ref[key]
 
 
-def run_all(engine: LLMEngine, arrivals: list[tuple[int, str, list[int], SamplingParams]], max_steps=100000):
+def run_all(engine: Driver, arrivals: list[tuple[int, str, list[int], SamplingParams]], max_steps=100000):
     """Adds request (rid, prompt, params) at its step index; steps until all finish; {rid: output}."""
     done, step = {}, 0
     pending = sorted(arrivals, key=lambda a: a[0])

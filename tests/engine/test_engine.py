@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from rtp_llm.engine.errors import QueueFullError, RequestRejected
+from rtp_llm.errors import QueueFullError, RequestRejected
 from rtp_llm.sampling import SamplingParams
 from tests.engine.helpers import Tiny, greedy, run_all
 
@@ -88,7 +88,7 @@ def test_abort_mid_generation_returns_every_block(tiny):
 def test_thousand_random_requests_with_aborts_leak_nothing(tiny):
     rng = random.Random(7)
     engine = tiny.engine(num_blocks=48, max_model_len=96, max_num_seqs=8, max_prefill_chunk=8)
-    total = engine.manager.stats().total_blocks
+    total = engine.scheduler.manager.stats().total_blocks
     added, live, finished = 0, set(), 0
     while added < 1000 or engine.has_unfinished():
         for _ in range(rng.randint(0, 3)):
@@ -111,7 +111,7 @@ def test_thousand_random_requests_with_aborts_leak_nothing(tiny):
             if out.finished:
                 live.discard(out.request_id)
                 finished += 1
-    s = engine.manager.stats()
+    s = engine.scheduler.manager.stats()
     assert s.used_blocks == 0 and s.num_sequences == 0
     assert s.free_blocks + s.cached_blocks == total
     assert not engine.requests and not engine.scheduler.running and not engine.scheduler.waiting
@@ -180,9 +180,9 @@ def test_n_samples_fork_and_share_prompt_blocks(tiny):
     engine.add_request("n", prompt, SamplingParams(n=3, max_tokens=6, temperature=1.0, seed=5))
     engine.step()  # the whole prompt is computed once, then forked
     seqs = engine.requests["n"].sequences
-    tables = [engine.manager.block_table(s.seq_id) for s in seqs]
+    tables = [engine.scheduler.manager.block_table(s.seq_id) for s in seqs]
     assert tables[0][:4] == tables[1][:4] == tables[2][:4]
-    assert all(engine.manager.ref_count(b) == 3 for b in tables[0][:4])
+    assert all(engine.scheduler.manager.ref_count(b) == 3 for b in tables[0][:4])
     assert engine.stats()["prompt_tokens"] == len(prompt)  # computed once, not three times
     done = {}
     while engine.has_unfinished():

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rtp_llm.config.model_config import ModelConfig
-from rtp_llm.models.errors import (CheckpointError, MissingFileError, MissingTensorError, ShapeMismatchError,
+from rtp_llm.errors import (CheckpointError, MissingFileError, MissingTensorError, ShapeMismatchError,
                                    UnknownArchitectureError, UnsafeCheckpointError)
 from rtp_llm.models.registry import load_model
 from tests.models.tiny_checkpoints import make_checkpoint
@@ -87,7 +87,7 @@ def test_sharded_safetensors_and_missing_shard(ckpt):
     index = {"weight_map": {k: f for f, keys in shards.items() for k in keys}}
     (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
     model, _ = load_model(str(ckpt))
-    assert torch.equal(model.layers[1].down_weight, weights["model.layers.1.mlp.down_proj.weight"])
+    assert torch.equal(model.layers[1].mlp.down.weight, weights["model.layers.1.mlp.down_proj.weight"])
     os.remove(ckpt / "model-00002-of-00002.safetensors")
     with pytest.raises(MissingFileError, match="model-00002-of-00002"):
         load_model(str(ckpt))

@@ -5,10 +5,9 @@ for mixed prompt lengths, block sizes 1, 16 and 128, and with a cached prefix.""
 import pytest
 import torch
 
-from rtp_llm.engine.model_runner import ModelRunner
-from rtp_llm.engine.static_generate import generate_static
 from rtp_llm.models.registry import load_model
 from rtp_llm.sampling import SamplingParams
+from tests.models.static_generate import StaticRunner
 from tests.models.tiny_checkpoints import VARIANTS, make_checkpoint
 
 STEPS = 32
@@ -37,8 +36,8 @@ def checkpoint(request, tmp_path_factory):
 @pytest.mark.parametrize("block_size", [1, 16, 128])
 def test_logits_and_greedy_tokens_match_transformers(checkpoint, block_size):
     hf, model, cfg, refs = checkpoint
-    runner = ModelRunner(model, cfg, num_blocks=3 * (80 // block_size + 2) + 1, block_size=block_size)
-    outs = generate_static(runner, PROMPTS, SamplingParams(max_tokens=STEPS, temperature=0), keep_logits=True)
+    runner = StaticRunner(model, cfg, num_blocks=3 * (80 // block_size + 2) + 1, block_size=block_size)
+    outs = runner.generate(PROMPTS, SamplingParams(max_tokens=STEPS, temperature=0), keep_logits=True)
     for out, (ref_tokens, ref_logits) in zip(outs, refs):
         assert out.token_ids == ref_tokens
         assert len(out.logits) == STEPS
@@ -50,12 +49,12 @@ def test_logits_and_greedy_tokens_match_transformers(checkpoint, block_size):
 
 def test_cached_prefix_gives_the_same_logits(checkpoint):
     hf, model, cfg, _ = checkpoint
-    runner = ModelRunner(model, cfg, num_blocks=64, block_size=4)
+    runner = StaticRunner(model, cfg, num_blocks=64, block_size=4)
     shared = PROMPTS[2][:20]
     first = shared + [7, 8, 9]
     second = shared + [100, 101]
-    generate_static(runner, [first], SamplingParams(max_tokens=2, temperature=0))
-    out = generate_static(runner, [second], SamplingParams(max_tokens=STEPS, temperature=0), keep_logits=True)[0]
+    runner.generate([first], SamplingParams(max_tokens=2, temperature=0))
+    out = runner.generate([second], SamplingParams(max_tokens=STEPS, temperature=0), keep_logits=True)[0]
     assert out.cached_tokens == 20  # 5 whole blocks of the shared prefix were reused, not recomputed
     ref_tokens, ref_logits = hf_greedy(hf, second)
     assert out.token_ids == ref_tokens
@@ -68,7 +67,7 @@ def test_one_forward_mixing_prefill_chunk_full_prefill_and_decode(checkpoint):
     decode-shaped step (one new token over cached KV). Each row's logits match the full-sequence
     forward of transformers at that position."""
     hf, model, cfg, _ = checkpoint
-    runner = ModelRunner(model, cfg, num_blocks=64, block_size=4, enable_prefix_cache=False)
+    runner = StaticRunner(model, cfg, num_blocks=64, block_size=4, enable_prefix_cache=False)
     m = runner.manager
     a, b, c = PROMPTS[2][:10], PROMPTS[1], PROMPTS[0]
     for sid, p in ((1, a), (2, b), (3, c)):

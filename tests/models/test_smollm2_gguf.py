@@ -6,12 +6,11 @@ import os
 import pytest
 import torch
 
-from rtp_llm.engine.model_runner import ModelRunner
-from rtp_llm.engine.static_generate import generate_static
 from rtp_llm.models.default_model import default_model_path
 from rtp_llm.models.registry import load_model
 from rtp_llm.sampling import SamplingParams
 from rtp_llm.tokenizer import Tokenizer
+from tests.models.static_generate import StaticRunner
 
 TEXTS = [
     "Hello, world!",
@@ -78,9 +77,8 @@ def test_greedy_tokens_and_prefill_logits_match_transformers(ours, hf_model):
     model, cfg, tok = ours
     prompts = [tok.encode(tok.apply_chat_template(c)) for c in CONVERSATIONS]
     prompts.append(tok.encode("The quick brown fox"))
-    runner = ModelRunner(model, cfg, num_blocks=64, block_size=16)
-    outs = generate_static(runner, prompts, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True),
-                           keep_logits=True)
+    runner = StaticRunner(model, cfg, num_blocks=64, block_size=16)
+    outs = runner.generate(prompts, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True), keep_logits=True)
     hf_model.generation_config.eos_token_id = None
     for prompt, out in zip(prompts, outs):
         with torch.no_grad():

@@ -9,7 +9,8 @@ import torch
 from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
                                                     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
-from rtp_llm.sampling import Sampler, SamplingBatch, SamplingParams, apply_top_k_top_p
+from rtp_llm.device.torch_ops import apply_top_k_top_p
+from rtp_llm.sampling import Sampler, SamplingBatch, SamplingParams
 
 V = 12
 LOGITS = torch.tensor([2.0, 1.5, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, 1.5, -2.0, 0.25, 0.75])

@@ -11,7 +11,8 @@ import httpx
 import openai
 import pytest
 
-from rtp_llm.config.server_args import FLAGS, ConfigError, resolve
+from rtp_llm.config.server_args import FLAGS, resolve
+from rtp_llm.errors import ConfigError
 from tests.server.server_process import LongRequest, ServerProcess, kill_during_stream, process_alive
 
 

@@ -1,0 +1,102 @@
+// The CPU kernels as C++ functions: one family per file (its _avx512 twin chosen at run time where it has one),
+// every one registered as a torch operator (torch.ops.rtp_llm.<name>) in torch_bindings.cc, and callable from
+// the ops built of several (decoder_layers.cc, linear.cc).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
+
+#include <cstdint>
+#include <optional>
+#include <tuple>
+
+#include "rtp_llm/cpp/cpu/cpu_features.h"
+
+namespace rtp_llm {
+
+// --- linear layers (linear.cc): the per-call choice between a layer's copies of its weight -----------------
+// x [M, K] @ W^T (+ bias) -> [M, n]: the GEMV kernel on `plain` when it is there and M <= gemv_max_rows, else
+// `packed` (panels: panel_linear; oneDNN's blocked layout: its matmul), else at::linear on `plain`.
+at::Tensor linear(const at::Tensor& x, const std::optional<at::Tensor>& plain, const std::optional<at::Tensor>& packed,
+                  const std::optional<at::Tensor>& bias, int64_t n, int64_t gemv_max_rows);
+
+// --- GEMV (gemv.cc, gemv_avx512.cc): few rows against a plain [N, K] weight ---------------------------------
+constexpr int64_t kGemvMaxRows = 16;
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias);
+// out[m, n] = x[m, k] (float32) @ w[n, k]^T (+ bias[n]), rounded once to out's type; 1 <= m <= kGemvMaxRows.
+void gemv_avx512(const float* w, const float* x, const float* bias, float* out, int64_t m, int64_t k, int64_t n);
+void gemv_avx512(const c10::BFloat16* w, const float* x, const float* bias, c10::BFloat16* out, int64_t m,
+                 int64_t k, int64_t n);
+
+// --- the panel GEMM (panel_linear.cc, AVX-512) --------------------------------------------------------------
+constexpr int64_t kPanelCols = 48;
+// w [N, K] float32 -> panels [ceil(N / 48), K, 48]: panels[p, k, c] = w[48p + c, k], zero past row N.
+// w bfloat16 -> pack_pair_panels(w).
+at::Tensor pack_panels(const at::Tensor& w);
+// w [N, K] (bfloat16, or float32 rounded to nearest even) -> [ceil(N / 48), ceil(K / 2), 48] int32: at [p, i, c]
+// the bf16 pair (w[48p + c, 2i] low half, w[48p + c, 2i + 1] high half), zero past row N and column K.
+at::Tensor pack_pair_panels(const at::Tensor& w);
+// x [M, K] @ w^T (+ bias) -> [M, n], w given as pack_panels(w) and its row count n.
+at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias,
+                        int64_t n);
+// The SiLU-gated MLP's first half in one pass. w [2 I, K] = [gate; up] (float32 or bfloat16) -> panels of 24
+// gate and the same 24 up rows each ([ceil(I / 24), K (bf16: pairs), 48]); panel_linear_silu(x, panels,
+// bias [2 I] or none, I) = silu(gate) * up [M, I]: bit for bit silu_and_mul(panel_linear(x, pack_panels(w)))
+// without the [M, 2 I] intermediate.
+at::Tensor pack_gated_panels(const at::Tensor& w);
+at::Tensor panel_linear_silu(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias,
+                             int64_t inter);
+// The kernels on raw pointers (out [m, n] row-major; bias may be null). bf16: x as [m, pairs] bf16 pairs;
+// products exact in fp32, summed in fp32 (each pair's high then low product), the output rounded to bf16.
+void panel_linear_avx512(const float* panels, const float* x, const float* bias, float* out, int64_t m, int64_t k,
+                         int64_t n);
+void panel_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
+                       int64_t m, int64_t pairs, int64_t n);
+void panel_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, float* out, int64_t m,
+                       int64_t pairs, int64_t n);  // the fp32 sums, unrounded
+void panel_linear_silu_fp32(const float* panels, const float* x, const float* bias, float* out, int64_t m,
+                            int64_t k, int64_t inter);  // bias in the panels' order
+void panel_linear_silu_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
+                            int64_t m, int64_t pairs, int64_t inter);
+
+// --- the greedy LM head (greedy_head.cc, AVX-512 + avx512_bf16) ---------------------------------------------
+// A float32 head [N, K] -> (bf16 pair panels, per-row error bounds [3, N]).
+std::tuple<at::Tensor, at::Tensor> pack_greedy_screen(const at::Tensor& w);
+// argmax_j of h @ weight^T per row, exactly as the fp32 panel product would give it; -1 for rows with
+// non-finite values (the caller decides those on full logits).
+at::Tensor greedy_head(const at::Tensor& h, const at::Tensor& screen, const at::Tensor& bounds,
+                       const at::Tensor& weight);
+
+// --- norms, rotary, activation (norm_rotary.cc, activation.cc) ----------------------------------------------
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+// (norm(x + residual) * weight, x + residual)
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                 const at::Tensor& weight, double eps);
+std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                          const at::Tensor& sin);
+at::Tensor silu_and_mul(const at::Tensor& gate_up);
+
+// --- attention and the KV cache (paged_attention.cc, prefill_attention.cc, kv_write.cc) ---------------------
+// One query row per entry of the batch, each over its own kv_lens[b] keys through block_table[b].
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const at::Tensor& block_table, const at::Tensor& kv_lens, double scale);
+// Causal attention of prefill rows of any lengths after any cached prefix (AVX-512).
+at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                             const at::Tensor& block_table, const at::Tensor& q_starts, const at::Tensor& kv_lens,
+                             double scale);
+void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor layer_kv, const at::Tensor& slots);
+// cache.view(-1, row)[slots[t]] = rows[t]; each row's elements contiguous, rows may be strided.
+void write_kv_rows(const at::Tensor& rows, at::Tensor& cache, const int64_t* slots);
+
+// --- sampling (top_k_top_p.cc): the CPU twin of the NPU's top-k/top-p operator ------------------------------
+at::Tensor apply_top_k_top_p(const at::Tensor& logits, const std::optional<at::Tensor>& k,
+                             const std::optional<at::Tensor>& p);
+
+// --- every decoder layer of a step in one call (decoder_layers.cc) -----------------------------------------
+std::tuple<at::Tensor, at::Tensor> paged_decoder_layers(
+    const at::Tensor& x, const c10::List<std::optional<at::Tensor>>& weights, at::IntArrayRef sizes,
+    const at::Tensor& kv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
+    const at::Tensor& block_table, const at::Tensor& kv_lens, int64_t num_heads, int64_t num_kv_heads, double eps,
+    double scale, bool gated_mlp);
+
+}  // namespace rtp_llm

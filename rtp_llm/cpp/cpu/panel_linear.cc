@@ -1,0 +1,444 @@
+// The fp32 linear layer on CPUs with AVX-512 (checked at run time): y = x @ W^T (+ b) on a copy of W packed
+// once, at load, into panels of 48 output columns, panel p = W[48p : 48p + 48, :]^T stored k-major
+// ([ceil(N / 48), K, 48], the last panel zero-padded), so a panel is one contiguous stream.
+//
+// Why: decode steps of 17-64 rows are the bulk of a loaded server's work, and there oneDNN's packed GEMM
+// reached ~150-160 GFLOP/s with SmolLM2's weights streamed from memory (the machine's FMA peak is ~230): its
+// weight reads stall the FMAs. Here each thread, while it multiplies all rows by one panel (read from
+// memory once, then from L2 for the other row blocks), prefetches its next panel into L2, so the compute runs
+// from cache and the memory stream runs beside it. benchmarks/cpu_linear.py --stream: 30 SmolLM2 layers at
+// 32 rows ~35 ms vs oneDNN ~43; and at 1-16 rows the panel stream is as fast as the plain-layout GEMV kernel
+// (one contiguous stream per panel), so this one kernel and one weight copy serve every row count.
+//
+// Micro-kernel: MR <= 8 rows x 48 columns in 24 zmm accumulators; per k, 3 panel vectors and MR broadcasts
+// of x. Summation order, per output: one FMA chain over k in order, from zero, then + bias. It does not
+// depend on the row count, the row blocking or the thread split, so a sequence's result is the same whatever
+// else shares its step (decode, prefill, any batch).
+#include "rtp_llm/cpp/cpu/ops.h"
+#include "rtp_llm/cpp/memory/huge_pages.h"
+
+#include <ATen/Parallel.h>
+
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include "rtp_llm/cpp/cpu/vec/avx512.h"
+
+namespace rtp_llm {
+namespace {
+
+constexpr int64_t kMaxBlockRows = 8;
+// Rows multiplied by one panel before the next: their x rows (192 x K floats) stay in L2 while every panel
+// passes, instead of all of a 4096-row prefill's x being re-read from L3 per panel. (Between 48 and 384 rows
+// the chunk made no measurable difference here; wide outputs such as gate_up at 4096 rows stay slower,
+// ~163 GFLOP/s against ~205-217 for qkv/o/down, which is why CpuOps.mlp splits a prefill's rows.)
+constexpr int64_t kRowChunk = 192;
+
+// The two element kinds. Fp32: a panel row is 48 floats per k, x a float per k, one FMA per product. Bf16:
+// a panel row is 48 pairs of bf16 (k = 2i low half, 2i + 1 high half) per pair step i, x a pair of bf16 per
+// step, vdpbf16ps adds both exact products to the fp32 accumulator (high then low, each rounded once).
+struct Fp32 {
+    using W = float;
+    using X = float;
+    using Out = float;
+    RTP_AVX512 static __attribute__((always_inline)) inline void step(__m512& acc, __m512 w, X x) {
+        acc = _mm512_fmadd_ps(w, _mm512_set1_ps(x), acc);
+    }
+    RTP_AVX512 static __attribute__((always_inline)) inline __m512 load(const W* p) { return _mm512_loadu_ps(p); }
+    RTP_AVX512 static inline void store(Out* out, __mmask16 mask, __m512 v) { _mm512_mask_storeu_ps(out, mask, v); }
+};
+
+struct Bf16Pairs {
+    using W = uint32_t;
+    using X = uint32_t;
+    using Out = c10::BFloat16;
+    RTP_AVX512_BF16 static __attribute__((always_inline)) inline void step(__m512& acc, __m512 w, X x) {
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_set1_epi32(static_cast<int>(x)));
+    }
+    RTP_AVX512_BF16 static __attribute__((always_inline)) inline __m512 load(const W* p) {
+        return _mm512_castsi512_ps(_mm512_loadu_si512(p));
+    }
+    // Round to nearest even, as c10::BFloat16 does (the instruction also flushes denormals to zero).
+    RTP_AVX512_BF16 static inline void store(Out* out, __mmask16 mask, __m512 v) {
+        _mm256_mask_storeu_epi16(out, mask, (__m256i)_mm512_cvtneps_pbh(v));
+    }
+};
+
+// The SiLU-gated epilogue (tile with Gated) rounds where silu_and_mul.cc's inputs and outputs were rounded
+// when gate_up and the activation were separate kernels, so that fusing them changes no bit:
+// as_stored: gate_up's value as the store above leaves it; round_act / store_act: silu_and_mul's rounding of
+// silu(gate) before the product and of the product (bf16: round to nearest even on the bits, as
+// vec::store8 does, denormals kept).
+RTP_AVX512 inline __m512i bf16_rne_bits(__m512 v) {  // the bf16 value in the high half of each lane
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    return _mm512_and_si512(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))),
+                            _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+}
+
+struct Fp32Act {
+    RTP_AVX512 static inline __m512 as_stored(__m512 v) { return v; }
+    RTP_AVX512 static inline __m512 round_act(__m512 v) { return v; }
+    RTP_AVX512 static inline void store_act(float* out, __mmask16 mask, __m512 v) {
+        _mm512_mask_storeu_ps(out, mask, v);
+    }
+};
+
+struct Bf16Act {
+    RTP_AVX512_BF16 static inline __m512 as_stored(__m512 v) {
+        const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    RTP_AVX512 static inline __m512 round_act(__m512 v) { return _mm512_castsi512_ps(bf16_rne_bits(v)); }
+    RTP_AVX512 static inline void store_act(c10::BFloat16* out, __mmask16 mask, __m512 v) {
+        _mm256_mask_storeu_epi16(out, mask, _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_rne_bits(v), 16)));
+    }
+};
+
+template <typename Out>
+using ActOf = std::conditional_t<std::is_same_v<Out, float>, Fp32Act, Bf16Act>;
+
+// The same products kept in float32 (the greedy head's screen needs its values unrounded).
+struct Bf16PairsFloatOut : Bf16Pairs {
+    using Out = float;
+    RTP_AVX512_BF16 static inline void store(Out* out, __mmask16 mask, __m512 v) { _mm512_mask_storeu_ps(out, mask, v); }
+};
+
+// acc[r][c] += panel row i (48 columns) * x[r, i] for the MR rows.
+template <typename E, int MR>
+RTP_AVX512_BF16 __attribute__((always_inline)) inline void k_step(const typename E::W* __restrict pan,
+                                                                  const typename E::X* __restrict x, int64_t k,
+                                                                  int64_t i, __m512 (&acc)[MR][3]) {
+    const typename E::W* w = pan + i * kPanelCols;
+    const __m512 w0 = E::load(w), w1 = E::load(w + 16), w2 = E::load(w + 32);
+    for (int r = 0; r < MR; ++r) {
+        const typename E::X xv = x[r * k + i];
+        E::step(acc[r][0], w0, xv);
+        E::step(acc[r][1], w1, xv);
+        E::step(acc[r][2], w2, xv);
+    }
+}
+
+// The Gated epilogue of tile(): lanes of acc[r] = panel columns 0-15 | 16-31 | 32-47, gate = columns 0-23,
+// up = 24-47. x / (1 + exp(-x)) with exp16, the formula and exp of silu_and_mul.cc's vector loop.
+template <typename E, int MR>
+RTP_AVX512_BF16 __attribute__((always_inline)) inline void gated_store(__m512 (&acc)[MR][3], const float* bias,
+                                                                      typename E::Out* out, int64_t ldo, int cols,
+                                                                      int exact_from) {
+    using Act = ActOf<typename E::Out>;
+    const __m512i up_lo_idx = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23);
+    const __m512 one = _mm512_set1_ps(1.f);
+    const __mmask16 mask_lo = static_cast<__mmask16>(cols >= 16 ? 0xffff : (1u << std::max(cols, 0)) - 1);
+    const __mmask16 mask_hi = static_cast<__mmask16>(cols > 16 ? (1u << (cols - 16)) - 1 : 0);
+    for (int r = 0; r < MR; ++r) {
+        __m512 v[3];
+        for (int c = 0; c < 3; ++c)
+            v[c] = Act::as_stored(bias ? _mm512_add_ps(acc[r][c], _mm512_loadu_ps(bias + 16 * c)) : acc[r][c]);
+        // gate 0-15 | up 0-15, and gate 16-23 | up 16-23 in the low 8 lanes
+        const __m512 g_lo = v[0], u_lo = _mm512_permutex2var_ps(v[1], up_lo_idx, v[2]);
+        const __m512 g_hi = v[1], u_hi = _mm512_shuffle_f32x4(v[2], v[2], 0xee);
+        typename E::Out* o = out + r * ldo;
+        for (int h = 0; h < 2; ++h) {
+            const __m512 g = h ? g_hi : g_lo, u = h ? u_hi : u_lo;
+            const __m512 e = avx512::exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+            const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, e));
+            Act::store_act(o + 16 * h, h ? mask_hi : mask_lo, _mm512_mul_ps(Act::round_act(silu), u));
+        }
+        if (exact_from < cols) {  // silu_and_mul.cc's scalar tail
+            alignas(64) float g[32], u[32];
+            _mm512_store_ps(g, g_lo), _mm512_store_ps(g + 16, g_hi);
+            _mm512_store_ps(u, u_lo), _mm512_store_ps(u + 16, u_hi);
+            using T = typename E::Out;
+            for (int j = std::max(exact_from, 0); j < cols; ++j)
+                o[j] = static_cast<T>(vec::round_as<T>(g[j] / (1.f + std::exp(-g[j]))) * u[j]);
+        }
+    }
+}
+
+// out[r, 0:cols] = x[r, :] . panel (+ bias) for MR rows; meanwhile `lines` cache lines from `prefetch` are
+// requested into L2, `per_step` per k step, and the next tile's output block (`out_next`, MR rows of 48
+// columns at the same stride; null for none) for writing. k: steps (fp32: K; bf16: pairs).
+//
+// Why the output: a prefill's output (SmolLM2's qkv at 4096 rows: 16 MB) is not in cache, and the 3 x MR
+// stores at the end of a tile each wait for their line to be read in (read-for-ownership) with the FMAs
+// stopped; requested one line per 4 k steps during the previous tile, they are there (a stand-alone copy of
+// this loop at 4096 x 576 x 960, 2 cores: ~106 -> ~109 GFLOP/s per core, the tile alone with its output in
+// L1 reaching ~112).
+//
+// Gated (pack_gated_panels: panel columns 0-23 gate, 24-47 up): out[r, j] = silu(gate_j) * up_j for the
+// tile's `cols` <= 24 output columns, rounded as silu_and_mul.cc rounds; from column `exact_from` on (the
+// tail silu_and_mul.cc computes with std::exp, past the last whole 8) the scalar formula.
+template <typename E, int MR, bool Gated>
+RTP_AVX512_BF16 void tile(const typename E::W* __restrict pan, const typename E::X* __restrict x, int64_t k,
+                          const float* bias, typename E::Out* out, int64_t ldo, int cols, const char* prefetch,
+                          int64_t lines, int64_t per_step, const typename E::Out* out_next, int exact_from) {
+    __m512 acc[MR][3];
+    for (int r = 0; r < MR; ++r)
+        for (int c = 0; c < 3; ++c) acc[r][c] = _mm512_setzero_ps();
+    // k in steps of 4, the prefetches issued once per step (one loop test per 4 k: 30 layers at 32 rows
+    // ~198 vs ~185 GFLOP/s one k at a time); the same FMA order either way.
+    int64_t next = 0, i = 0, out_line = out_next ? 0 : 3 * MR;
+    for (; i + 4 <= k; i += 4) {
+        for (int64_t s = 0; s < 4 * per_step && next < lines; ++s, ++next)
+            __builtin_prefetch(prefetch + next * 64, 0, 2);
+        if (out_line < 3 * MR) {  // row out_line / 3, its 16-column group out_line % 3
+            __builtin_prefetch(out_next + (out_line / 3) * ldo + 16 * (out_line % 3), 1, 3);
+            ++out_line;
+        }
+        for (int u = 0; u < 4; ++u) k_step<E, MR>(pan, x, k, i + u, acc);
+    }
+    for (; i < k; ++i) k_step<E, MR>(pan, x, k, i, acc);
+    if constexpr (Gated) {
+        gated_store<E, MR>(acc, bias, out, ldo, cols, exact_from);
+        return;
+    }
+    for (int c = 0; c < 3; ++c) {
+        const int valid = std::clamp(cols - 16 * c, 0, 16);
+        if (valid == 0) break;
+        const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+        const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + 16 * c) : _mm512_setzero_ps();
+        for (int r = 0; r < MR; ++r)
+            E::store(out + r * ldo + 16 * c, mask, bias ? _mm512_add_ps(acc[r][c], b) : acc[r][c]);
+    }
+}
+
+template <typename E>
+using TileFn = void (*)(const typename E::W*, const typename E::X*, int64_t, const float*, typename E::Out*,
+                        int64_t, int, const char*, int64_t, int64_t, const typename E::Out*, int);
+template <typename E, bool G>
+constexpr TileFn<E> kTiles[kMaxBlockRows + 1] = {nullptr,           &tile<E, 1, G>, &tile<E, 2, G>,
+                                                 &tile<E, 3, G>,    &tile<E, 4, G>, &tile<E, 5, G>,
+                                                 &tile<E, 6, G>,    &tile<E, 7, G>, &tile<E, 8, G>};
+
+// Output columns per panel: 48, or 24 activations of a gated panel.
+template <bool Gated>
+constexpr int64_t kOutCols = Gated ? kPanelCols / 2 : kPanelCols;
+
+// Rows [r0, r0 + rows) by panel q, in blocks of at most 8 rows as even as possible (17 rows: 6 + 6 + 5, not
+// 8 + 8 + 1, whose one-row block would be load-bound). With several blocks the next panel's lines are
+// prefetched across them (30 layers at 32 rows: ~34-37 vs ~36-39 ms without). One block reads the weights
+// once, as a single sequential stream the hardware prefetcher follows: explicit prefetches there only cost
+// (1 row: ~16 vs ~13.5 ms per 30 layers).
+// next: the panel this thread multiplies after q (null for none), whose first tile's output is at the next
+// panel's columns of row r0. n: output columns (Gated: the activation's width).
+template <typename E, bool Gated>
+void panel_rows(const typename E::W* panels, const typename E::X* x, const float* bias, typename E::Out* out,
+                int64_t k, int64_t n, int64_t q, int64_t r0, int64_t rows, const typename E::W* next) {
+    constexpr int64_t oc = kOutCols<Gated>;
+    const int64_t blocks = (rows + kMaxBlockRows - 1) / kMaxBlockRows;
+    const int64_t panel_lines = k * kPanelCols * 4 / 64;
+    const int64_t lines_per_block = next && blocks > 1 ? (panel_lines + blocks - 1) / blocks : 0;
+    const int64_t per_step = (lines_per_block + k - 1) / k;
+    const int cols = static_cast<int>(std::min<int64_t>(oc, n - q * oc));
+    // silu_and_mul.cc's vector loop covers the activation's columns below n rounded down to 8
+    const int exact_from = static_cast<int>(std::min<int64_t>(oc, (n & ~int64_t{7}) - q * oc));
+    const typename E::W* pan = panels + q * k * kPanelCols;
+    const float* b = bias ? bias + q * kPanelCols : nullptr;
+    int64_t r = r0, line = 0;
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t left = r0 + rows - r, mr = (left + (blocks - blk) - 1) / (blocks - blk);
+        const int64_t lines = std::min(lines_per_block, panel_lines - line);
+        const typename E::Out* out_next = blk + 1 < blocks ? out + (r + mr) * n + q * oc
+                                          : next        ? out + r0 * n + (q + 1) * oc
+                                                        : nullptr;
+        kTiles<E, Gated>[mr](pan, x + r * k, k, b, out + r * n + q * oc, n, cols,
+                             reinterpret_cast<const char*>(next) + line * 64, std::max<int64_t>(lines, 0), per_step,
+                             out_next, exact_from);
+        line += std::max<int64_t>(lines, 0);
+        r += mr;
+    }
+}
+
+template <typename E, bool Gated = false>
+void panel_linear_any(const typename E::W* panels, const typename E::X* x, const float* bias, typename E::Out* out,
+                      int64_t m, int64_t k, int64_t n) {
+    const int64_t np = (n + kOutCols<Gated> - 1) / kOutCols<Gated>;
+    for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
+        const int64_t rows = std::min(kRowChunk, m - r0);
+        at::parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
+            for (int64_t q = begin; q < end; ++q)
+                panel_rows<E, Gated>(panels, x, bias, out, k, n, q, r0, rows,
+                                     q + 1 < end ? panels + (q + 1) * k * kPanelCols : nullptr);
+        });
+    }
+}
+
+}  // namespace
+
+void panel_linear_avx512(const float* panels, const float* x, const float* bias, float* out, int64_t m, int64_t k,
+                         int64_t n) {
+    panel_linear_any<Fp32>(panels, x, bias, out, m, k, n);
+}
+
+void panel_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
+                       int64_t m, int64_t pairs, int64_t n) {
+    panel_linear_any<Bf16Pairs>(panels, x_pairs, bias, out, m, pairs, n);
+}
+
+void panel_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, float* out, int64_t m,
+                       int64_t pairs, int64_t n) {
+    panel_linear_any<Bf16PairsFloatOut>(panels, x_pairs, bias, out, m, pairs, n);
+}
+
+void panel_linear_silu_fp32(const float* panels, const float* x, const float* bias, float* out, int64_t m,
+                            int64_t k, int64_t inter) {
+    panel_linear_any<Fp32, true>(panels, x, bias, out, m, k, inter);
+}
+
+void panel_linear_silu_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
+                            int64_t m, int64_t pairs, int64_t inter) {
+    panel_linear_any<Bf16Pairs, true>(panels, x_pairs, bias, out, m, pairs, inter);
+}
+
+}  // namespace rtp_llm
+
+#else
+
+namespace rtp_llm {
+void panel_linear_avx512(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t) {}
+void panel_linear_bf16(const uint32_t*, const uint32_t*, const float*, c10::BFloat16*, int64_t, int64_t, int64_t) {}
+void panel_linear_bf16(const uint32_t*, const uint32_t*, const float*, float*, int64_t, int64_t, int64_t) {}
+void panel_linear_silu_fp32(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t) {}
+void panel_linear_silu_bf16(const uint32_t*, const uint32_t*, const float*, c10::BFloat16*, int64_t, int64_t,
+                            int64_t) {}
+}  // namespace rtp_llm
+
+#endif
+
+namespace rtp_llm {
+
+at::Tensor pack_pair_panels(const at::Tensor& w) {
+    TORCH_CHECK(w.device().is_cpu() && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16) &&
+                    w.dim() == 2 && w.numel() > 0,
+                "pack_pair_panels: w must be a non-empty float32 or bfloat16 [N, K] CPU tensor");
+    const int64_t n = w.size(0), k = w.size(1), pairs = (k + 1) / 2, np = (n + kPanelCols - 1) / kPanelCols;
+    // [np * 48, 2 * pairs] bf16 zero-padded (float32 rounded to nearest even), then each panel's [48, pairs]
+    // block of 32-bit pairs transposed to [pairs, 48], on 2 MB pages.
+    auto padded = at::zeros({np * kPanelCols, 2 * pairs}, w.options().dtype(at::kBFloat16));
+    padded.narrow(0, 0, n).narrow(1, 0, k).copy_(w);
+    auto panels = huge_page_empty({np, pairs, kPanelCols}, at::kInt);
+    panels.copy_(padded.view(at::kInt).view({np, kPanelCols, pairs}).transpose(1, 2));
+    return panels;
+}
+
+at::Tensor pack_panels(const at::Tensor& w) {
+    if (w.scalar_type() == at::kBFloat16) {
+        TORCH_CHECK(cpu_avx512_bf16(), "pack_panels: bfloat16 panels need a CPU with avx512_bf16");
+        return pack_pair_panels(w);
+    }
+    TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kFloat && w.dim() == 2 && w.numel() > 0,
+                "pack_panels: w must be a non-empty float32 or bfloat16 [N, K] CPU tensor");
+    const int64_t n = w.size(0), k = w.size(1), np = (n + kPanelCols - 1) / kPanelCols;
+    // [np * 48, K] zero-padded, then each panel's [48, K] block transposed to [K, 48], on 2 MB pages (the
+    // panels are streamed at every step).
+    auto padded = at::zeros({np * kPanelCols, k}, w.options());
+    padded.narrow(0, 0, n).copy_(w);
+    auto panels = huge_page_empty({np, k, kPanelCols}, at::kFloat);
+    panels.copy_(padded.view({np, kPanelCols, k}).transpose(1, 2));
+    return panels;
+}
+
+namespace {
+
+// x checked against the panels' element kind and made ready for the kernels: contiguous, and for bf16 pair
+// panels a whole number of pairs per row (an odd K zero-padded). steps: the kernels' k (fp32: K; bf16: pairs).
+struct PanelInput {
+    bool bf16;
+    int64_t k, steps;
+    at::Tensor x;
+};
+
+PanelInput panel_input(const at::Tensor& x, const at::Tensor& panels, const char* op) {
+    TORCH_CHECK(cpu_avx512(), op, ": needs a CPU with AVX-512 (see cpu_isa)");
+    const bool bf16 = panels.scalar_type() == at::kInt;
+    TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == (bf16 ? at::kBFloat16 : at::kFloat), op,
+                ": x must be a [M, K] CPU tensor in the weight's dtype (float32 panels: float32, bfloat16 pair "
+                "panels: bfloat16)");
+    TORCH_CHECK(!bf16 || cpu_avx512_bf16(), op, ": bfloat16 panels need a CPU with avx512_bf16");
+    const int64_t k = x.size(1);
+    at::Tensor xc = x.contiguous();
+    if (bf16 && k % 2) xc = at::constant_pad_nd(xc, {0, 1});
+    return {bf16, k, bf16 ? (k + 1) / 2 : k, xc};
+}
+
+}  // namespace
+
+at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias,
+                        int64_t n) {
+    const auto [bf16, k, steps, xc] = panel_input(x, panels, "panel_linear");
+    TORCH_CHECK((panels.scalar_type() == at::kFloat || bf16) && panels.dim() == 3 && panels.size(2) == kPanelCols &&
+                    panels.is_contiguous(),
+                "panel_linear: panels must be pack_panels' contiguous [ceil(N / 48), K (bf16: K / 2 pairs), 48]");
+    TORCH_CHECK(panels.size(1) == steps, "panel_linear: x has ", k, " columns, the weight ",
+                bf16 ? 2 * panels.size(1) : panels.size(1));
+    TORCH_CHECK(n > (panels.size(0) - 1) * kPanelCols && n <= panels.size(0) * kPanelCols, "panel_linear: n = ", n,
+                " does not match ", panels.size(0), " panels");
+    at::Tensor b;
+    if (bias.has_value() && bias->defined()) {
+        TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n, "panel_linear: bias must be [", n, "]");
+        b = bias->to(at::kFloat).contiguous();
+    }
+    const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+    auto out = at::empty({x.size(0), n}, x.options());
+    if (x.size(0) == 0) return out;
+    if (bf16) {  // x's rows as 32-bit pairs
+        panel_linear_bf16(reinterpret_cast<const uint32_t*>(panels.data_ptr<int32_t>()),
+                          reinterpret_cast<const uint32_t*>(xc.data_ptr<at::BFloat16>()), bp,
+                          out.data_ptr<at::BFloat16>(), x.size(0), steps, n);
+    } else {
+        panel_linear_avx512(panels.data_ptr<float>(), xc.data_ptr<float>(), bp, out.data_ptr<float>(), x.size(0), k,
+                            n);
+    }
+    return out;
+}
+
+at::Tensor pack_gated_panels(const at::Tensor& w) {
+    TORCH_CHECK(w.device().is_cpu() && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16) &&
+                    w.dim() == 2 && w.numel() > 0 && w.size(0) % 2 == 0,
+                "pack_gated_panels: w must be a non-empty float32 or bfloat16 [2 x intermediate, K] CPU tensor "
+                "([gate; up])");
+    constexpr int64_t half = kPanelCols / 2;
+    const int64_t inter = w.size(0) / 2, np = (inter + half - 1) / half, k = w.size(1);
+    // [gate; up], each zero-padded to np x 24 rows, interleaved per 24 rows: [gate 0-23, up 0-23, gate 24-47, ...]
+    auto padded = at::zeros({2, np * half, k}, w.options());
+    padded.narrow(1, 0, inter).copy_(w.view({2, inter, k}));
+    return pack_panels(padded.view({2, np, half, k}).transpose(0, 1).reshape({2 * np * half, k}));
+}
+
+at::Tensor panel_linear_silu(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias,
+                             int64_t inter) {
+    const auto [bf16, k, steps, xc] = panel_input(x, panels, "panel_linear_silu");
+    constexpr int64_t half = kPanelCols / 2;
+    const int64_t np = (inter + half - 1) / half;
+    TORCH_CHECK(inter > 0 && (panels.scalar_type() == at::kFloat || bf16) && panels.dim() == 3 &&
+                    panels.size(0) == np && panels.size(1) == steps && panels.size(2) == kPanelCols &&
+                    panels.is_contiguous(),
+                "panel_linear_silu: panels must be pack_gated_panels' [", np, ", ", steps, ", 48] for intermediate ",
+                inter, " and x's ", k, " columns, got ", panels.sizes());
+    // the bias [gate; up] in the panels' order, zero in the padding
+    at::Tensor b;
+    if (bias.has_value() && bias->defined()) {
+        TORCH_CHECK(bias->dim() == 1 && bias->size(0) == 2 * inter, "panel_linear_silu: bias must be [", 2 * inter,
+                    "] ([gate; up])");
+        auto padded = at::zeros({2, np * half}, bias->options().dtype(at::kFloat));
+        padded.narrow(1, 0, inter).copy_(bias->view({2, inter}));
+        b = padded.view({2, np, half}).transpose(0, 1).contiguous();
+    }
+    const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+    auto out = at::empty({x.size(0), inter}, x.options());
+    if (x.size(0) == 0) return out;
+    if (bf16) {
+        panel_linear_silu_bf16(reinterpret_cast<const uint32_t*>(panels.data_ptr<int32_t>()),
+                               reinterpret_cast<const uint32_t*>(xc.data_ptr<at::BFloat16>()), bp,
+                               out.data_ptr<at::BFloat16>(), x.size(0), steps, inter);
+    } else {
+        panel_linear_silu_fp32(panels.data_ptr<float>(), xc.data_ptr<float>(), bp, out.data_ptr<float>(), x.size(0),
+                               k, inter);
+    }
+    return out;
+}
+
+}  // namespace rtp_llm

@@ -1,0 +1,55 @@
+"""CPU: the embedded default. Its op set and attention backend run the C++ kernels of rtp_llm/_ops.so."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from rtp_llm.device.attention import TorchRefAttention
+from rtp_llm.device.base import Device
+from rtp_llm.device.cpu.attention import CpuAttention
+from rtp_llm.device.cpu.linear import GEMV_WEIGHTS
+from rtp_llm.device.cpu.ops import CpuOps
+
+GiB = 1 << 30
+
+
+class CpuDevice(Device):
+    name = "cpu"
+    collective_backend = "gloo"
+    attention_backends = {"torch_ref": TorchRefAttention, "cpu": CpuAttention}
+    default_attention = "cpu"
+    # The KV cache when the config gives no size: host memory is shared with everything else, so a fixed size.
+    DEFAULT_KV_CACHE_BYTES = GiB
+
+    def __init__(self, index: int = 0, options=None):
+        super().__init__(index, options)
+        self.gemv_weights = self.options.get("cpu_gemv_weights", "auto")
+        if self.gemv_weights not in GEMV_WEIGHTS:
+            raise ValueError(f"cpu_gemv_weights must be one of {', '.join(GEMV_WEIGHTS)}, got {self.gemv_weights!r}")
+
+    @classmethod
+    def available(cls):
+        return True, ""
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def kv_cache_budget(self, config) -> int:
+        return self.DEFAULT_KV_CACHE_BYTES
+
+    def zeros(self, shape, dtype):
+        # On 2 MB pages (rtp_llm/cpp/memory/huge_pages.cc): the decode kernels stream the KV cache, and on 4 KB
+        # pages its scattered blocks cost a TLB miss and a prefetcher restart every 4 KB.
+        from rtp_llm._native import ops
+
+        return ops().huge_page_zeros(list(shape), dtype)
+
+    def share_host(self, local_ranks: int) -> None:
+        # Ranks on one machine share its cores; oversubscribed OpenMP pools would fight over them.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
+
+    def ops(self) -> CpuOps:
+        return CpuOps(gemv_weights=self.gemv_weights)

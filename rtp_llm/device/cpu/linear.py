@@ -1,0 +1,144 @@
+"""Linear layers on the CPU: which copy of each weight the kernels read, chosen once at load and stored on the
+layer (rtp_llm/layers/linear.py) as a CpuLinear, as vLLM's dispatch_cpu_unquantized_gemm does.
+
+- float32 on a CPU with AVX-512, bfloat16 with avx512_bf16 too: 48-column panels (rtp_llm/cpp/cpu/
+  panel_linear.cc; bf16 as k-pairs for the CPU's bf16 dot products, fp32 sums) serve every row count, so the
+  panels are the only copy. A gate_up projection whose output only feeds silu_and_mul is packed as gated panels
+  (24 gate and the same 24 up rows each) so the SiLU runs in the GEMM's epilogue.
+- otherwise (no AVX-512, bf16 without avx512_bf16): oneDNN's blocked layout (the kernel family vLLM's CPU backend
+  uses), and beside it, when `gemv_weights` allows, the plain weight for the GEMV kernel of steps of a few rows
+  (rtp_llm/cpp/cpu/gemv.cc), which streams weights faster than oneDNN there.
+- the LM head the same way; a tied head keeps its plain rows (the embedding lookup reads them), and a float32
+  head on panels gets a bf16 screen for greedy steps (greedy_head.cc) whose exact recompute reads them too.
+
+Which copy a call uses (GEMV on few rows, else the packed copy, else torch) is decided in C++ by
+torch.ops.rtp_llm.linear, the function the fused decoder layers call as well.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+# Rows up to which the GEMV kernel streams the plain weight faster than oneDNN's packed GEMM, per instruction
+# set and dtype (benchmarks.cpu_linear --stream; figures in benchmarks/README.md).
+GEMV_MAX_ROWS = {"avx512": {torch.float32: 16, torch.bfloat16: 8},
+                 "avx2": {torch.float32: 4, torch.bfloat16: 4}}
+# oneDNN's reorder takes the expected row count as a hint for the blocked format; any count works.
+PACK_ROWS_HINT = 32
+ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
+# gemv_weights=auto keeps the plain copies when they take at most this share of the available memory.
+GEMV_MEMORY_SHARE = 0.25
+GEMV_WEIGHTS = ("auto", "on", "off")
+
+
+def onednn_available() -> bool:
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+class CpuLinear:
+    """One linear layer's kernel: `packed` (panels, gated panels or oneDNN's blocked layout; None: none) and
+    `plain` (the [N, K] weight, kept for the GEMV kernel up to `gemv_rows` rows or when nothing is packed)."""
+
+    def __init__(self, kernels, out_features: int, plain: Optional[torch.Tensor], packed: Optional[torch.Tensor],
+                 gemv_rows: int = 0, gated: bool = False):
+        self.kernels = kernels
+        self.out_features = out_features
+        self.plain, self.packed, self.gemv_rows, self.gated = plain, packed, gemv_rows, gated
+        self.screen: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # greedy heads: (bf16 panels, bounds)
+
+    @property
+    def on_panels(self) -> bool:
+        return self.packed is not None and not self.packed.is_mkldnn and self.packed.dim() == 3
+
+    def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).contiguous()
+        if self.gated:
+            y = self._gate_up(x2, bias)
+        else:
+            y = self.kernels.linear(x2, self.plain, self.packed, bias, self.out_features, self.gemv_rows)
+        return y.reshape(*shape[:-1], y.shape[-1])
+
+    def silu(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """silu(gate) * up from gated panels: bit for bit silu_and_mul of [gate | up], without writing it."""
+        shape = x.shape
+        act = self.kernels.panel_linear_silu(x.reshape(-1, shape[-1]).contiguous(), self.packed, bias,
+                                             self.out_features // 2)
+        return act.reshape(*shape[:-1], act.shape[-1])
+
+    def _gate_up(self, x, bias):
+        # [gate | up] from gated panels (the MLP never asks; kept so that a linear layer means the same whatever its
+        # kernel): panel p holds columns [gate 24p..24p+23, up 24p..24p+23], the bias put in that order so that it
+        # is added before the rounding, as panel_linear adds it.
+        inter = self.out_features // 2
+        blocks = self.packed.shape[0]
+        pad = blocks * 24 - inter
+        if bias is not None:
+            bias = torch.nn.functional.pad(bias.view(2, inter), (0, pad)).view(2, blocks, 24)
+            bias = bias.transpose(0, 1).reshape(-1)
+        y = self.kernels.panel_linear(x, self.packed, bias, blocks * 48)
+        y = y.view(-1, blocks, 2, 24).transpose(1, 2).reshape(-1, 2, blocks * 24)[:, :, :inter]
+        return y.reshape(-1, 2 * inter)
+
+
+class LinearPlanner:
+    """Chooses and packs every linear layer's kernel (CpuOps.prepare_linears)."""
+
+    def __init__(self, kernels, gemv_weights: str, available_memory: Callable[[], int]):
+        if gemv_weights not in GEMV_WEIGHTS:
+            raise ValueError(f"cpu_gemv_weights must be auto, on or off, got {gemv_weights!r}")
+        self.kernels = kernels
+        self.gemv_weights = gemv_weights
+        self.available_memory = available_memory
+        isa = kernels.cpu_isa()
+        self.gemv_rows = GEMV_MAX_ROWS.get(isa, {})
+        self.panel_dtypes = ((torch.float32,) if isa == "avx512" else ()) + (
+            (torch.bfloat16,) if kernels.cpu_avx512_bf16() else ())
+        self.keeps_plain_weights = False  # decided in assign()
+
+    def on_panels(self, w: torch.Tensor) -> bool:
+        # bf16 panels hold k in pairs: even widths only (an odd one keeps oneDNN), so that a pair panel's width is
+        # always 2 x its pairs.
+        return w.dtype in self.panel_dtypes and w.dim() == 2 and (w.dtype == torch.float32 or w.shape[1] % 2 == 0)
+
+    def _packs_onednn(self, w: torch.Tensor) -> bool:
+        return onednn_available() and w.dtype in ONEDNN_DTYPES and w.dim() == 2 and w.numel() > 0
+
+    def _keep_plain(self, plain_bytes: int) -> bool:
+        if self.gemv_weights != "auto":
+            return self.gemv_weights == "on"
+        return plain_bytes <= GEMV_MEMORY_SHARE * self.available_memory()
+
+    def assign(self, linears, head, greedy_screen: bool) -> None:
+        """Gives each Linear (and the head) its CpuLinear. A plain weight the kernels no longer read is released."""
+        onednn = [lin.weight for lin in linears if not self.on_panels(lin.weight) and self._packs_onednn(lin.weight)]
+        self.keeps_plain_weights = bool(onednn) and self._keep_plain(sum(w.numel() * w.element_size()
+                                                                         for w in onednn))
+        for lin in linears:
+            lin.kernel = self._kernel(lin.weight, gated=lin.feeds_silu, keep_plain=self.keeps_plain_weights)
+            if lin.kernel.plain is None:
+                lin.weight.data = torch.empty(0, dtype=lin.weight.dtype)  # the packed copy replaces it
+        w = head.weight
+        kernel = self._kernel(w, gated=False, keep_plain=True)
+        screen = (kernel.on_panels and w.dtype == torch.float32 and greedy_screen and w.numel() > 0
+                  and self.kernels.cpu_avx512_bf16() and bool(torch.isfinite(w).all()))
+        if screen:  # the exact recompute of the few candidates reads the plain rows: kept
+            kernel.screen = self.kernels.pack_greedy_screen(w.data)
+        elif kernel.on_panels and not head.tied:
+            kernel.plain = None
+            w.data = torch.empty(0, dtype=w.dtype)  # an untied head on panels: the panels are its only use
+        head.kernel = kernel
+
+    def _kernel(self, w: torch.Tensor, gated: bool, keep_plain: bool) -> CpuLinear:
+        n, rows = w.shape[0], self.gemv_rows.get(w.dtype, 0)
+        if self.on_panels(w) and w.numel() > 0:
+            if gated and n % 2 == 0:
+                return CpuLinear(self.kernels, n, None, self.kernels.pack_gated_panels(w.data), gated=True)
+            return CpuLinear(self.kernels, n, None, self.kernels.pack_panels(w.data))
+        if self._packs_onednn(w):
+            packed = torch.ops.mkldnn._reorder_linear_weight(w.data, PACK_ROWS_HINT)
+            return CpuLinear(self.kernels, n, w if keep_plain else None, packed, rows if keep_plain else 0)
+        return CpuLinear(self.kernels, n, w, None, rows)

@@ -1,0 +1,103 @@
+"""The CPU's op set: TorchOps, with the C++ kernels of rtp_llm/_ops.so (rtp_llm/cpp/cpu/) where they apply:
+- linear layers and the LM head on the kernels device/cpu/linear.py chooses once per weight;
+- greedy steps of a float32 head on panels: the argmax through an exact bf16 screen (greedy_head.cc);
+- RMSNorm, residual add + RMSNorm and RoPE as one op each instead of 6-12 aten ops, whose dispatch dominates them
+  at decode batch sizes; the SiLU-gated activation in one pass (or inside gate_up's kernel: gated panels);
+- a prefill's MLP in row pieces, so that each piece's gate_up output stays in cache;
+- every decoder layer of a step whose rows are all paged in one C++ call (device/cpu/fused_layers.py);
+- top-k/top-p: the C++ twin of the NPU operator, bit-identical masks without sorting the vocabulary.
+Each kernel rounds where the reference does (float32 and bfloat16); tests/device/cpu holds them to TorchOps.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from rtp_llm.device.cpu.fused_layers import PagedDecoderLayers
+from rtp_llm.device.cpu.linear import LinearPlanner
+from rtp_llm.device.torch_ops import TorchOps
+
+
+def available_memory() -> int:
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+class CpuOps(TorchOps):
+    name = "cpu"
+    # The fused norm / RoPE / activation kernels: float32 math, bf16 rounded where the reference rounds.
+    FUSED_DTYPES = (torch.float32, torch.bfloat16)
+    # Rows per piece of a prefill's MLP (mlp()); benchmarks/README.md has the measurement.
+    MLP_ROWS = 512
+
+    def __init__(self, gemv_weights: str = "auto", available_memory=available_memory):
+        from rtp_llm._native import ops
+
+        self.kernels = ops()
+        self.planner = LinearPlanner(self.kernels, gemv_weights, available_memory)
+        self.panel_dtypes = self.planner.panel_dtypes
+        # Greedy steps screen the vocabulary with a bf16 copy of the LM head (greedy_tokens); read at prepare.
+        self.greedy_screen = True
+
+    @property
+    def keeps_plain_weights(self) -> bool:
+        return self.planner.keeps_plain_weights
+
+    def prepare_linears(self, linears, head) -> None:
+        self.planner.assign(linears, head, self.greedy_screen)
+
+    def fused_layers(self, layers, cfg):
+        return PagedDecoderLayers(self.kernels, layers, cfg)
+
+    def greedy_tokens(self, h, head):
+        screen = getattr(head.kernel, "screen", None)
+        if screen is None or h.dtype != torch.float32 or h.dim() != 2:
+            return super().greedy_tokens(h, head)
+        ids = self.kernels.greedy_head(h, screen[0], screen[1], head.weight)
+        rest = ids < 0  # rows with non-finite values: their full logits decide
+        if bool(rest.any()):
+            ids[rest] = super().greedy_tokens(h[rest], head)
+        return ids
+
+    def rms_norm(self, x, weight, eps):
+        if x.dtype == weight.dtype and x.dtype in self.FUSED_DTYPES:
+            return self.kernels.rms_norm(x.contiguous(), weight, eps)
+        return super().rms_norm(x, weight, eps)
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        if x.dtype == residual.dtype == weight.dtype and x.dtype in self.FUSED_DTYPES:
+            return self.kernels.add_rms_norm(x.contiguous(), residual.contiguous(), weight, eps)
+        return super().add_rms_norm(x, residual, weight, eps)
+
+    def rotary(self, q, k, cos, sin):
+        if q.dtype == k.dtype == cos.dtype == sin.dtype and q.dtype in self.FUSED_DTYPES:
+            return self.kernels.rotary(q, k, cos.contiguous(), sin.contiguous())
+        return super().rotary(q, k, cos, sin)
+
+    def silu_and_mul(self, gate_up):
+        if gate_up.dtype in self.FUSED_DTYPES:
+            return self.kernels.silu_and_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate).mul_(up)  # one temporary instead of two
+
+    def mlp(self, h, gate_up, down):
+        # A prefill's rows in pieces of MLP_ROWS: each piece's gate_up output stays in cache for the activation and
+        # the down projection instead of a [rows, 2 x intermediate] tensor going through memory. Rows are
+        # independent in every kernel here, so this is bit-identical. Under tensor parallelism the down projection
+        # all-reduces, once per call: no pieces there.
+        rows = h.shape[0] if h.dim() == 2 else -1
+        if rows <= self.MLP_ROWS or h.dtype not in self.panel_dtypes or down.tp is not None:
+            return self._mlp_rows(h, gate_up, down)
+        return torch.cat([self._mlp_rows(h[r:r + self.MLP_ROWS], gate_up, down)
+                          for r in range(0, rows, self.MLP_ROWS)])
+
+    def _mlp_rows(self, h, gate_up, down):
+        if getattr(gate_up.kernel, "gated", False) and h.dtype == gate_up.weight.dtype:
+            return down(gate_up.kernel.silu(h, gate_up.bias))
+        return super().mlp(h, gate_up, down)
+
+    def top_k_top_p(self, logits, k, p):
+        if k is None and p is None:
+            return logits
+        return self.kernels.apply_top_k_top_p(logits, k, p)

@@ -1,0 +1,69 @@
+"""Huawei Ascend NPU through torch_npu + CANN.
+
+Detection never crashes: torch_npu may be missing, or present with CANN libraries that do not load; each case
+is reported with the reason. On an NPU the KV block size must be one the fused attention kernel accepts for
+prefill: 128, 256, 384 or 512 (vllm-ascend fixes 128).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from rtp_llm.device.attention import TorchRefAttention
+from rtp_llm.device.base import Device
+from rtp_llm.device.npu.attention import AscendAttention
+
+
+def npu_status() -> tuple[bool, str]:
+    if importlib.util.find_spec("torch_npu") is None:
+        return False, "torch_npu is not installed (pip install torch-npu matching your torch and CANN versions)"
+    try:
+        import torch_npu  # noqa: F401
+    except (ImportError, OSError, RuntimeError) as exc:  # CANN libraries missing or mismatched
+        return False, (f"torch_npu does not load ({type(exc).__name__}: {exc}); source CANN's set_env.sh and check "
+                       "the torch / torch_npu / CANN version pairing")
+    npu = getattr(torch, "npu", None)
+    if npu is None or not npu.is_available():
+        return False, "torch_npu loads but sees no NPU (check npu-smi info and ASCEND_RT_VISIBLE_DEVICES)"
+    return True, ""
+
+
+class NpuDevice(Device):
+    name = "npu"
+    collective_backend = "hccl"
+    attention_backends = {"torch_ref": TorchRefAttention, "ascend": AscendAttention}
+    default_attention = "ascend"
+    default_block_size = 128
+    VALID_BLOCK_SIZES = (128, 256, 384, 512)
+
+    @classmethod
+    def available(cls):
+        return npu_status()
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device("npu", self.index)
+
+    def bind_thread(self) -> None:
+        torch.npu.set_device(self.index)
+
+    def synchronize(self) -> None:
+        torch.npu.synchronize()
+
+    def memory_info(self):
+        return torch.npu.mem_get_info()
+
+    def stream(self):
+        return torch.npu.current_stream()
+
+    def validate_block_size(self, block_size: int) -> None:
+        if block_size not in self.VALID_BLOCK_SIZES:
+            raise ValueError(f"block_size {block_size} is not supported on NPU: npu_fused_infer_attention_score "
+                             f"needs a multiple of 128 up to 512 for prefill ({self.VALID_BLOCK_SIZES})")
+
+    def ops(self):
+        from rtp_llm.device.npu.ops import NpuOps
+
+        return NpuOps()

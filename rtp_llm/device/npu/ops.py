@@ -1,0 +1,73 @@
+"""The model graph's fused ops on Ascend, through torch_npu (semantics: shared/reference/torch_npu_ops.md).
+
+top-k/top-p runs on the device: the AscendC custom operator when its package is installed
+(ASCEND_CUSTOM_OPP_PATH), else torch_npu.npu_top_k_top_p. Logits never go to the host.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from rtp_llm.device.torch_ops import TorchOps
+
+log = logging.getLogger(__name__)
+
+
+def load_custom_top_k_top_p():
+    """torch.ops.rtp_llm_npu.apply_top_k_top_p_custom when this project's operator package is installed
+    (ASCEND_CUSTOM_OPP_PATH set) and rtp_llm/_npu_ops.so is built; otherwise None (with the reason logged)."""
+    if not os.environ.get("ASCEND_CUSTOM_OPP_PATH"):
+        return None
+    lib = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "_npu_ops.so")
+    if not os.path.exists(lib):
+        log.warning("ASCEND_CUSTOM_OPP_PATH is set but %s is not built (bazel build --config=ascend "
+                    "//rtp_llm:_npu_ops.so); using torch_npu.npu_top_k_top_p", lib)
+        return None
+    try:
+        torch.ops.load_library(lib)
+        return torch.ops.rtp_llm_npu.apply_top_k_top_p_custom
+    except (OSError, RuntimeError) as exc:
+        log.warning("cannot load %s (%s); using torch_npu.npu_top_k_top_p", lib, exc)
+        return None
+
+
+class NpuOps(TorchOps):
+    name = "npu"
+
+    def __init__(self):
+        import torch_npu
+
+        self.torch_npu = torch_npu
+        self.custom_top_k_top_p = load_custom_top_k_top_p()
+
+    def rms_norm(self, x, weight, eps):
+        return self.torch_npu.npu_rms_norm(x, weight, eps)[0]
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        y, _, s = self.torch_npu.npu_add_rms_norm(x, residual, weight, eps)
+        return y, s
+
+    def rotary(self, q, k, cos, sin):
+        # npu_rotary_mul takes 4-D tensors: [1, T, heads, D] with cos/sin [1, T, 1, D].
+        c, s = cos[None, :, None, :], sin[None, :, None, :]
+        q = self.torch_npu.npu_rotary_mul(q.unsqueeze(0), c, s, rotary_mode="half").squeeze(0)
+        k = self.torch_npu.npu_rotary_mul(k.unsqueeze(0), c, s, rotary_mode="half").squeeze(0)
+        return q, k
+
+    def silu_and_mul(self, gate_up):
+        return self.torch_npu.npu_swiglu(gate_up, dim=-1)
+
+    def top_k_top_p(self, logits, k, p):
+        if k is None and p is None:
+            return logits
+        vocab = logits.shape[-1]
+        if k is None:
+            k = torch.full((logits.shape[0],), vocab, dtype=torch.int32, device=logits.device)
+        if p is None:
+            p = torch.ones(logits.shape[0], dtype=logits.dtype, device=logits.device)
+        if self.custom_top_k_top_p is not None:
+            return self.custom_top_k_top_p(logits, p.to(logits.dtype), k.to(torch.int32))
+        return self.torch_npu.npu_top_k_top_p(logits, p.to(logits.dtype), k.to(torch.int32))

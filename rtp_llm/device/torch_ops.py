@@ -1,0 +1,133 @@
+"""TorchOps: every op the model graph and the sampler call, in plain torch. It is what CUDA runs, the reference
+each device's kernels are tested against, and their fallback where a kernel does not apply. A device's op set
+subclasses it and replaces what it runs faster (device/cpu/ops.py, device/npu/ops.py).
+
+Linear layers (rtp_llm/layers/linear.py) hold a kernel chosen once at load by prepare_linears: a callable
+kernel(x, bias) -> x @ W^T (+ bias). Here: torch's own GEMM on the plain weight.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+# --- reference math -----------------------------------------------------------------------------------------
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in float32 and cast back exactly as the Hugging Face models do."""
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half (NeoX) RoPE. x [T, heads, head_dim]; cos/sin [T, head_dim]."""
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
+    """top-k then top-p, exactly as torch_npu's npu_top_k_top_p (aclnnApplyTopKTopP) documents it.
+
+    logits [R, V]; k [R] int (>= 1; V or more = off); p [R] float in (0, 1] (1 = off).
+    1. stable ascending sort of each row;
+    2. top-k: threshold = sorted[V - k]; values below it become -inf (ties at the threshold survive, so more
+       than k tokens may remain; k >= V is a no-op);
+    3. top-p on the survivors: softmax, cumulative sum in ascending order, mask where the cumulative sum
+       <= 1 - p, always keeping the largest;
+    4. scatter back: survivors keep their original logits, the rest are -inf.
+
+    The top-p decision is computed in float64 as cumsum(e) <= (1 - p) * sum(e), e = exp(x - max): the softmax
+    without its division, in a precision where the summation order cannot move a token across the boundary.
+    That is what lets the C++ CPU twin (rtp_llm/cpp/cpu/top_k_top_p.cc), which never sorts the whole
+    vocabulary, give bit-identical masks.
+    """
+    if k is None and p is None:
+        return logits
+    vocab = logits.shape[-1]
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=False, stable=True)
+    neg_inf = torch.full((), float("-inf"), dtype=logits.dtype, device=logits.device)
+    if k is not None:
+        kk = k.to(torch.int64).clamp(1, vocab)
+        threshold = sorted_logits.gather(-1, (vocab - kk).unsqueeze(-1))
+        sorted_logits = torch.where(sorted_logits < threshold, neg_inf, sorted_logits)
+    if p is not None:
+        x = sorted_logits.double()
+        e = torch.exp(x - x[:, -1:])                 # the largest is last; masked entries give 0
+        cum = e.cumsum(dim=-1)
+        drop = cum <= (1 - p.double()).unsqueeze(-1) * cum[:, -1:]
+        drop[:, -1] = False
+        sorted_logits = torch.where(drop, neg_inf, sorted_logits)
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+# --- linear kernels -----------------------------------------------------------------------------------------
+class TorchLinear:
+    """x @ weight^T (+ bias) with torch's GEMM on the plain weight."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, self.weight, bias)
+
+
+class TorchHead(TorchLinear):
+    """The LM head on the few sampled rows as [V, H] @ [H, R]: the vocabulary matrix is streamed once, which
+    torch's CPU GEMM does faster than F.linear's [R, H] @ [H, V] (benchmarks/README.md)."""
+
+    def __call__(self, h: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        out = (self.weight @ h.t()).t()
+        return out if bias is None else out + bias
+
+
+# --- the op set ---------------------------------------------------------------------------------------------
+class TorchOps:
+    name = "torch"
+
+    def prepare_linears(self, linears, head) -> None:
+        """Called once after the weights are loaded: gives each linear layer (rtp_llm/layers/linear.py) its
+        kernel. `linears`: the decoder layers' Linear objects; `head`: the LM head's (tied: the embedding's
+        weight). A device may repack the weights here (CPU: panels or oneDNN's layout)."""
+        for lin in linears:
+            lin.kernel = TorchLinear(lin.weight)
+        head.kernel = TorchHead(head.weight)
+
+    def fused_layers(self, layers, cfg):
+        """A callable running every decoder layer of a step in one call, or None where this op set has none
+        (the model then runs its layers one by one). Built once, after prepare_linears."""
+        return None
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return rms_norm(x, weight, eps)
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+        """(rms_norm(x + residual), x + residual)."""
+        s = x + residual
+        return rms_norm(s, weight, eps), s
+
+    def rotary(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """q [T, H, D], k [T, KVH, D]; cos/sin [T, D] (rotate-half)."""
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def mlp(self, h: torch.Tensor, gate_up, down) -> torch.Tensor:
+        """The gated MLP down(silu(gate) * up) over the Linear layers gate_up and down; one op so that a device
+        may fuse the activation into gate_up's kernel or run the rows in pieces."""
+        return down(self.silu_and_mul(gate_up(h)))
+
+    def greedy_tokens(self, h: torch.Tensor, head) -> torch.Tensor:
+        """argmax of head(h) per row (ties: the lowest id), for steps whose sampled rows are all greedy with
+        nothing that reshapes their logits. A device may find it without every logit."""
+        return head(h).float().argmax(dim=-1)
+
+    def top_k_top_p(self, logits: torch.Tensor, k, p) -> torch.Tensor:
+        return apply_top_k_top_p(logits, k, p)

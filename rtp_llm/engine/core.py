@@ -1,0 +1,250 @@
+"""EngineCore: EngineRequests in, OutputDeltas out, one scheduler step at a time.
+
+    core = EngineCore(EngineConfig(model=path))
+    core.add_request(InputProcessor(core.tokenizer, core.max_model_len, core.vocab_size).process("r1", "Hi"))
+    while core.has_unfinished():
+        deltas = core.step()   # OutputCollector turns them into RequestOutputs
+
+step() is schedule -> runner.execute -> update_from_output. Not thread-safe: one thread drives it (core_loop.py
+runs it on a thread or in the engine process).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import time
+from typing import Optional
+
+from rtp_llm.cache import kv_cache_blocks
+from rtp_llm.config.engine_config import EngineConfig
+from rtp_llm.device import get_device
+from rtp_llm.engine.detokenizer import IncrementalDetokenizer
+from rtp_llm.engine.model_runner import ModelRunner, RunnerOutput
+from rtp_llm.engine.output_processor import OutputProcessor, StepDelta
+from rtp_llm.engine.outputs import TokenLogprob
+from rtp_llm.engine.protocol import EngineRequest, OutputDelta
+from rtp_llm.engine.scheduler import Scheduler, SchedulerOutput
+from rtp_llm.engine.sequence import FinishReason, Request, Sequence, SeqState
+from rtp_llm.errors import QueueFullError, RequestRejected, TPWorkerError
+from rtp_llm.models.default_model import with_default_model
+
+log = logging.getLogger(__name__)
+
+_GiB = 1 << 30
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, model=None, model_config=None, tokenizer=None):
+        config = with_default_model(config)
+        self.config = config
+        self.device = get_device(config.device, options=config.device_options)
+        self.device.bind_thread()
+        self.block_size = config.block_size or self.device.default_block_size
+        self.device.validate_block_size(self.block_size)
+        self.model_path = config.model
+        self.tp_runtime = None
+        if config.tp_size > 1:
+            if model is not None:
+                raise ValueError("tp_size > 1 loads its own weight slices on every rank; do not pass a model")
+            from rtp_llm.distributed.launch import TPRuntime, launch_env
+            from rtp_llm.models.loader import load_config
+            from rtp_llm.models.sharding import TPShard
+
+            shape = load_config(config.model, config.model_type)
+            for rank in range(config.tp_size):  # refuse an impossible split before starting any process
+                TPShard.plan(shape, config.tp_size, rank)
+            self.tp_runtime = TPRuntime(config, self.device, launch_env(config.tp_size))
+        try:
+            self._init_model(config, model, model_config, tokenizer)
+        except BaseException:
+            self.close()
+            raise
+
+    def _init_model(self, config: EngineConfig, model, model_config, tokenizer) -> None:
+        from rtp_llm.models.registry import load_model
+        from rtp_llm.tokenizer import Tokenizer
+
+        tp = self.tp_runtime.tp if self.tp_runtime else None
+        if model is None:
+            model, model_config = load_model(config.model, config.model_type, config.dtype, self.device.torch_device,
+                                             allow_pickle=config.allow_pickle, progress=True, ops=self.device.ops(),
+                                             tp=tp)
+        self.model_config = mc = model_config
+        self.tokenizer = tokenizer or Tokenizer.load(config.tokenizer or config.model)
+        self.vocab_size = mc.vocab_size
+        self.max_model_len = config.max_model_len or mc.max_position_embeddings
+        if self.max_model_len > mc.max_position_embeddings:
+            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings="
+                             f"{mc.max_position_embeddings}")
+        num_blocks = kv_cache_blocks(config, self.device, mc.num_layers, self.block_size, model.shard.num_kv_heads,
+                                     mc.head_dim, model.dtype)
+        if tp is not None:  # every rank's pool has the same block count: the smallest any rank can hold
+            num_blocks = tp.all_reduce_min(num_blocks)
+        capacity = (num_blocks - 1) * self.block_size
+        if capacity < self.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {capacity} tokens ({num_blocks - 1} blocks of {self.block_size}), less than "
+                f"max_model_len={self.max_model_len}: give it more memory (kv_cache_memory_gb / num_blocks) "
+                f"or lower max_model_len")
+        self.scheduler = Scheduler(num_blocks, self.block_size, config.enable_prefix_caching, config.max_num_seqs,
+                                   config.max_num_batched_tokens, config.prefill_chunk)
+        self.runner = ModelRunner(model, mc, num_blocks, self.block_size, self.device, config.attention_backend, tp)
+        self.output = OutputProcessor(self.max_model_len)
+        self.requests: dict[str, Request] = {}
+        self.eos_ids = frozenset(mc.eos_token_ids) | (
+            frozenset() if self.tokenizer.eos_token_id is None else {self.tokenizer.eos_token_id})
+        self._rng = random.Random(config.seed)
+        self._seq_ids = itertools.count(1)
+        self._pending: list[OutputDelta] = []  # outputs of aborts and timeouts, sent with the next step's
+        self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0, "steps": 0}
+        log.info("KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB%s); max concurrency at max_model_len=%d: "
+                 "%.1f", num_blocks - 1, self.block_size, capacity, self.runner.kv.nbytes / _GiB,
+                 f" on rank 0 of {tp.size}" if tp else "", self.max_model_len, capacity / self.max_model_len)
+
+    def close(self) -> None:
+        """Stops tensor-parallel workers (if any) and leaves the process group. Idempotent."""
+        runtime, self.tp_runtime = getattr(self, "tp_runtime", None), None
+        if runtime is not None:
+            runtime.close()
+
+    # --- requests ----------------------------------------------------------------------------------------------
+    def add_request(self, request: EngineRequest) -> None:
+        """Admits a validated request (InputProcessor.process) to the waiting queue. Raises RequestRejected when
+        it can never fit this engine's KV pool or its id is taken, QueueFullError when the queue is full."""
+        rid, ids, params = request.request_id, request.prompt_token_ids, request.params
+        if rid in self.requests:
+            raise RequestRejected(f"request id {rid!r} is already in use")
+        bs = self.block_size
+        worst = -(-(len(ids) + params.max_tokens) // bs) + (params.n - 1) * (-(-params.max_tokens // bs) + 1)
+        if worst > self.scheduler.manager.num_blocks - 1:
+            raise RequestRejected(f"the request needs up to {worst} KV blocks but the pool has "
+                                  f"{self.scheduler.manager.num_blocks - 1}; lower max_tokens or n")
+        if len(self.scheduler.waiting) >= self.config.max_queue_len:
+            raise QueueFullError(f"the waiting queue is full ({self.config.max_queue_len} requests)")
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_ids)
+        req = Request(rid, list(ids), params, stop_ids, arrival=request.arrival)
+        if params.timeout_ms is not None:
+            req.deadline = req.arrival + params.timeout_ms / 1000
+        base_seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
+        for i in range(params.n):
+            req.sequences.append(Sequence(next(self._seq_ids), req, i, base_seed + i,
+                                          IncrementalDetokenizer(self.tokenizer, params.stop)))
+        self.requests[rid] = req
+        self.scheduler.add(req.sequences[0])
+        for sib in req.sequences[1:]:
+            sib.state = SeqState.PENDING_FORK
+
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT, error: Optional[str] = None) -> bool:
+        req = self.requests.get(request_id)
+        if req is None:
+            return False
+        for seq in req.sequences:
+            if not seq.finished:
+                self._finish(seq, reason)
+        req.error = error or req.error
+        self._pending.append(self.output.request_delta(req, {}))
+        self._retire(req)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests) or bool(self._pending)
+
+    # --- the step ----------------------------------------------------------------------------------------------
+    def step(self) -> list[OutputDelta]:
+        self._expire()
+        outputs, self._pending = self._pending, []
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            return outputs
+        self.counters["steps"] += 1
+        self._count_prompt_tokens(sched)
+        try:
+            result = self.runner.execute(sched)
+        except TPWorkerError:
+            raise  # the tensor-parallel group is broken: fatal for the engine
+        except Exception as exc:  # a failed step fails its requests, not the engine
+            log.exception("step failed")
+            for req in {x.seq.request for x in sched.scheduled}:
+                if req.request_id in self.requests:
+                    self.abort(req.request_id, FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
+            outputs.extend(self._pending)
+            self._pending = []
+            return outputs
+        outputs.extend(self.update_from_output(sched, result))
+        outputs.extend(self._pending)
+        self._pending = []
+        return outputs
+
+    def update_from_output(self, sched: SchedulerOutput, result: RunnerOutput) -> list[OutputDelta]:
+        """Forks the siblings that sampled their first token, appends every sampled token, finishes what stopped,
+        and returns the touched requests' deltas."""
+        self.scheduler.fork_siblings(sched)
+        deltas: dict[Sequence, StepDelta] = {}
+        for i, (seq, _) in enumerate(sched.sample_rows):
+            req = seq.request
+            if seq.finished:
+                continue
+            lp = None
+            if req.params.logprobs is not None:
+                n = req.params.logprobs
+                top = list(zip(result.top_ids[i][:n], result.top_logprobs[i][:n])) if result.top_ids else []
+                lp = TokenLogprob(result.token_ids[i], result.logprobs[i], top)
+            try:
+                self.counters["generation_tokens"] += 1
+                end = self.output.append(seq, result.token_ids[i], lp, deltas.setdefault(seq, StepDelta()))
+                if end is not None:
+                    self._finish(seq, *end)
+            except Exception as exc:
+                log.exception("post-processing failed for request %s", req.request_id)
+                self.abort(req.request_id, FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
+        outputs = []
+        for req in {s.request for s in deltas}:
+            if req.request_id not in self.requests:
+                continue
+            outputs.append(self.output.request_delta(req, deltas))
+            if req.finished:
+                self._retire(req)
+        return outputs
+
+    def _count_prompt_tokens(self, sched: SchedulerOutput) -> None:
+        for x in sched.scheduled:
+            prompt = len(x.seq.prompt)
+            if x.start < prompt:
+                n = min(len(x.tokens), prompt - x.start)
+                self.counters["prompt_tokens"] += n
+                x.seq.request.computed_prompt_tokens += n
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for req in [r for r in self.requests.values() if r.deadline is not None and now > r.deadline]:
+            self.abort(req.request_id, FinishReason.ABORT, f"timed out after {req.params.timeout_ms} ms")
+
+    def _finish(self, seq: Sequence, reason: FinishReason, stop_reason=None) -> None:
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason
+        self.scheduler.finish(seq)
+        if seq.request.finished and seq.request.finish_time is None:
+            seq.request.finish_time = time.monotonic()
+
+    def _retire(self, req: Request) -> None:
+        if self.requests.pop(req.request_id, None) is not None:
+            self.counters["requests_finished"] += 1
+
+    # --- introspection -----------------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        s = self.scheduler.manager.stats()
+        return {
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "kv_total_blocks": s.total_blocks,
+            "kv_used_blocks": s.used_blocks,
+            "kv_free_blocks": s.free_blocks,
+            "kv_cached_blocks": s.cached_blocks,
+            "kv_usage": s.used_blocks / s.total_blocks,
+            "prefix_hit_rate": s.hit_rate,
+            "prefix_hit_tokens": s.prefix_hit_tokens,
+            "preemptions": self.scheduler.num_preemptions,
+            **self.counters,
+        }

@@ -1,0 +1,51 @@
+"""InputProcessor: requests as callers give them -> EngineRequests the core runs. Chat messages are rendered
+through the model's template, text is tokenized, and every request is checked against the model's limits (empty
+prompt, ids outside the vocabulary, prompt + max_tokens over max_model_len), so a bad request is refused with a
+message naming the problem before it reaches the engine loop. It runs where the caller runs (the server process,
+the offline LLM's thread), never on the engine's step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Sequence, Union
+
+from rtp_llm.engine.protocol import EngineRequest
+from rtp_llm.errors import RequestRejected
+from rtp_llm.sampling.params import SamplingParams
+
+Prompt = Union[str, Sequence[int]]
+
+
+class InputProcessor:
+    def __init__(self, tokenizer, max_model_len: int, vocab_size: int):
+        """vocab_size: the model's (its embedding rows), which may exceed the tokenizer's."""
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The conversation through the model's chat template (ChatTemplateError if the template refuses it)."""
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+
+    def chat_prompt(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        # The template writes the special tokens itself.
+        return self.tokenizer.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        return self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+
+    def process(self, request_id: str, prompt: Prompt, params: Optional[SamplingParams] = None,
+                arrival: Optional[float] = None) -> EngineRequest:
+        params = params or SamplingParams()
+        ids = self.encode(prompt)
+        if not ids:
+            raise RequestRejected("the prompt is empty")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestRejected(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        if len(ids) + params.max_tokens > self.max_model_len:
+            raise RequestRejected(
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {len(ids) + params.max_tokens} "
+                f"exceeds max_model_len={self.max_model_len}")
+        return EngineRequest(request_id, ids, params, arrival if arrival is not None else time.monotonic())

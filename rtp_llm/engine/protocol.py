@@ -1,0 +1,108 @@
+"""The typed messages between an EngineClient and the EngineCore it drives (engine/core_loop.py carries them,
+in a thread or over a pipe to the engine process), and the EngineRequest the input processor makes.
+
+client -> core:  AddRequest | AbortRequest | Shutdown
+core -> client:  Ready | StartupFailed                once, at start-up
+                 Added                                one per AddRequest (accepted, or the validation error)
+                 StepOutputs | StatsUpdate            after a step / after commands that changed the state
+                 WorkerFailed                         a tensor-parallel worker died or hung (monitor thread)
+                 CoreDied                             the engine loop raised
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from rtp_llm.engine.outputs import TokenLogprob
+from rtp_llm.sampling.params import SamplingParams
+
+
+@dataclass
+class EngineRequest:
+    """A validated request: token ids within the vocabulary and max_model_len, its sampling parameters."""
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival: float = field(default_factory=time.monotonic)
+
+
+# --- client -> core ---------------------------------------------------------------------------------------
+@dataclass
+class AddRequest:
+    request: EngineRequest
+
+
+@dataclass
+class AbortRequest:
+    request_id: str
+
+
+@dataclass
+class Shutdown:
+    pass
+
+
+# --- core -> client ---------------------------------------------------------------------------------------
+@dataclass
+class SampleDelta:
+    """One sample's news of a step."""
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: Optional[list[TokenLogprob]]  # None: not asked
+    finish_reason: Optional[str]
+    stop_reason: Optional[object]
+
+
+@dataclass
+class OutputDelta:
+    """One request's news of a step; OutputCollector turns these into RequestOutputs."""
+    request_id: str
+    prompt_token_ids: Optional[list[int]]  # with the request's first delta only
+    finished: bool
+    num_cached_tokens: int
+    error: Optional[str]
+    metrics: dict
+    samples: list[SampleDelta]
+
+
+@dataclass
+class Ready:
+    model_path: str
+    max_model_len: int
+    vocab_size: int
+    stats: dict
+
+
+@dataclass
+class StartupFailed:
+    error: BaseException
+
+
+@dataclass
+class Added:
+    request_id: str
+    error: Optional[BaseException]
+
+
+@dataclass
+class StepOutputs:
+    outputs: list[OutputDelta]
+    stats: dict
+
+
+@dataclass
+class StatsUpdate:
+    stats: dict
+
+
+@dataclass
+class WorkerFailed:
+    message: str
+
+
+@dataclass
+class CoreDied:
+    error: BaseException

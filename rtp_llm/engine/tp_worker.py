@@ -1,0 +1,82 @@
+"""A tensor-parallel worker (ranks 1..N-1): loads its weight slices, holds the KV cache of its heads, and
+runs every step rank 0 broadcasts until rank 0 says stop. It never schedules, samples or tokenizes.
+
+Spawned by rank 0 as `python -m rtp_llm.engine.tp_worker` (the EngineConfig comes as JSON in
+RTP_LLM_ENGINE_CONFIG), or entered from start_server when torchrun's RANK is not 0.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+
+from rtp_llm.config.engine_config import EngineConfig
+from rtp_llm.distributed.launch import CONFIG_ENV, SPAWNED_ENV, LaunchEnv, join_as_worker, launch_env
+
+log = logging.getLogger("rtp_llm.engine.tp_worker")
+
+
+def _die_with_parent() -> None:
+    """A spawned worker must not outlive the rank 0 that spawned it (Linux: PR_SET_PDEATHSIG)."""
+    parent = int(os.environ.get(SPAWNED_ENV, "0"))
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if os.getppid() != parent:  # the parent died before the prctl
+        os._exit(1)
+
+
+def run_worker(config: EngineConfig, env: LaunchEnv) -> int:
+    from rtp_llm.cache import kv_cache_blocks
+    from rtp_llm.device import get_device
+    from rtp_llm.engine.model_runner import ModelRunner
+    from rtp_llm.models.default_model import with_default_model
+    from rtp_llm.models.registry import load_model
+
+    config = with_default_model(config)  # torchrun-style ranks start from the command line, as rank 0 does
+    device = get_device(config.device, env.local_rank, config.device_options)
+    device.bind_thread()
+    tp, heartbeat = join_as_worker(config, device, env)
+    try:
+        block_size = config.block_size or device.default_block_size
+        device.validate_block_size(block_size)
+        model, cfg = load_model(config.model, config.model_type, config.dtype, device.torch_device,
+                                allow_pickle=config.allow_pickle, ops=device.ops(), tp=tp)
+        num_blocks = tp.all_reduce_min(kv_cache_blocks(config, device, cfg.num_layers, block_size,
+                                                       model.shard.num_kv_heads, cfg.head_dim, model.dtype))
+        runner = ModelRunner(model, cfg, num_blocks, block_size, device, config.attention_backend, tp)
+        log.info("tensor-parallel rank %d/%d ready: heads %d-%d, kv heads %d-%d, %d KV blocks", env.rank, env.size,
+                 model.shard.head_start, model.shard.head_stop - 1, model.shard.kv_start, model.shard.kv_stop - 1,
+                 num_blocks)
+        while True:
+            msg = tp.recv_step()
+            if msg is None:
+                break
+            runner.forward(msg)
+    except Exception as exc:
+        log.error("tensor-parallel rank %d failed: %s: %s", env.rank, type(exc).__name__, exc)
+        return 1
+    finally:
+        heartbeat.stop()
+    tp.close()
+    return 0
+
+
+def main() -> int:
+    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "info").upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _die_with_parent()
+    config = EngineConfig(**json.loads(os.environ[CONFIG_ENV]))
+    return run_worker(config, launch_env(config.tp_size))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

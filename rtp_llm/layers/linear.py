@@ -1,0 +1,35 @@
+"""Linear: y = x W^T + b through the kernel its device chose for this weight once, at load
+(Device.ops().prepare_linears: pack once, run many). Row-parallel under tensor parallelism: each rank multiplies
+its input slice and the partial sums meet in one all-reduce, the bias added after it."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from rtp_llm.device.torch_ops import TorchLinear
+
+
+def parameter(shape, dtype, device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype, device, tp=None,
+                 feeds_silu: bool = False, tied: Optional[nn.Parameter] = None):
+        """tp: the TensorParallel group of a row-parallel layer (None: local). feeds_silu: the output only feeds
+        silu_and_mul ([gate | up]), so a device may fuse the activation into this layer's kernel. tied: another
+        layer's weight this one multiplies with (an LM head tied to the embedding)."""
+        super().__init__()
+        self.weight = tied if tied is not None else parameter((out_features, in_features), dtype, device)
+        self.bias: Optional[nn.Parameter] = parameter((out_features,), dtype, device) if bias else None
+        self.tp, self.feeds_silu, self.tied = tp, feeds_silu, tied is not None
+        self.kernel = TorchLinear(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp is None:
+            return self.kernel(x, self.bias)
+        y = self.tp.all_reduce(self.kernel(x, None))
+        return y if self.bias is None else y + self.bias

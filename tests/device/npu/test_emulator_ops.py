@@ -1,0 +1,234 @@
+"""The torch_npu emulator's operators against independent plain implementations, and the
+documented constraints each must enforce."""
+
+import math
+
+import pytest
+import torch
+
+from tests.npu_emulator.install import install
+
+torch_npu = install()
+from torch_npu._ops import NPUOpError  # noqa: E402
+
+torch.npu.set_device(0)
+NPU = torch.device("npu", 0)
+
+
+def npu(t):
+    return t.to(NPU)
+
+
+def plain_attention(q, k_cache, v_cache, block_table, q_lens, kv_lens, scale, kv_heads):
+    """Loops over sequences, heads and positions; causal with the queries at the end of the keys."""
+    N = q.shape[1]
+    bs = k_cache.shape[1]
+    out = torch.zeros_like(q)
+    start = 0
+    for b, (ql, kl) in enumerate(zip(q_lens, kv_lens)):
+        keys = [k_cache[block_table[b][p // bs], p % bs] for p in range(kl)]   # each [KV_N, D]
+        vals = [v_cache[block_table[b][p // bs], p % bs] for p in range(kl)]
+        for h in range(N):
+            g = h // (N // kv_heads)
+            for i in range(ql):
+                visible = kl - ql + i + 1
+                s = torch.stack([q[start + i, h] @ keys[j][g] for j in range(visible)]) * scale
+                w = torch.softmax(s, 0)
+                out[start + i, h] = sum(w[j] * vals[j][g] for j in range(visible))
+        start += ql
+    return out
+
+
+def _setup(q_lens, kv_lens, N=4, KV=2, D=64, bs=128, nb=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    T = sum(q_lens)
+    q = torch.randn(T, N, D, generator=g)
+    kc = torch.randn(nb, bs, KV, D, generator=g)
+    vc = torch.randn(nb, bs, KV, D, generator=g)
+    width = max((k + bs - 1) // bs for k in kv_lens)
+    perm = torch.randperm(nb - 1, generator=g) + 1
+    bt = torch.zeros(len(q_lens), width, dtype=torch.int32)
+    used = 0
+    for b, k in enumerate(kv_lens):
+        n = (k + bs - 1) // bs
+        bt[b, :n] = perm[used: used + n].to(torch.int32)
+        used += n
+    return q, kc, vc, bt
+
+
+def _fia(q, kc, vc, bt, q_lens, kv_lens, **over):
+    nb, bs = kc.shape[0], kc.shape[1]
+    cum = [sum(q_lens[: i + 1]) for i in range(len(q_lens))]
+    kw = dict(atten_mask=npu(torch.triu(torch.ones(2048, 2048, dtype=torch.int8), 1)), actual_seq_lengths=cum,
+              actual_seq_lengths_kv=list(kv_lens), block_table=npu(bt), num_heads=q.shape[1], scale=q.shape[2] ** -0.5,
+              input_layout="TND", num_key_value_heads=kc.shape[2], sparse_mode=3, block_size=bs)
+    kw.update(over)
+    key = over.pop("key", npu(kc).view(nb, bs, -1))
+    return torch_npu.npu_fused_infer_attention_score(npu(q), key, npu(vc).view(nb, bs, -1),
+                                                     **{k: v for k, v in kw.items() if k != "key"})[0]
+
+
+def test_fia_matches_plain_attention_mixed_batch():
+    q_lens, kv_lens = [5, 1, 3], [5, 200, 131]    # a prefill, a decode, a chunk over a cached prefix
+    q, kc, vc, bt = _setup(q_lens, kv_lens)
+    out = _fia(q, kc, vc, bt, q_lens, kv_lens).cpu()
+    ref = plain_attention(q, kc, vc, bt.tolist(), q_lens, kv_lens, 64 ** -0.5, kv_heads=2)
+    assert torch.allclose(out, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,over,match", [
+    ("no mask with sparse_mode 3", dict(atten_mask=None), "atten_mask must not be null"),
+    ("leading 0 in the Q cumsum", dict(actual_seq_lengths=[0, 5, 6, 9], actual_seq_lengths_kv=[0, 5, 200, 131]),
+     "empty sequence"),
+    ("cumulative KV lengths", dict(actual_seq_lengths_kv=[5, 205, 336]), "exceeds"),
+    ("kv list shorter than the batch", dict(actual_seq_lengths_kv=[5, 200]), "entries"),
+    ("Q list not ending at T", dict(actual_seq_lengths=[5, 6, 8]), "end at T"),
+    ("context length below the query count", dict(actual_seq_lengths_kv=[4, 200, 131]), "shorter than"),
+    ("3-D block table", "bt3d", "2-D"),
+    ("host-side block table", "bthost", "host-side"),
+    ("int64 block table", "bt64", "int32"),
+    ("non-contiguous cache view", "noncontig", "contiguous"),
+    ("block size 16 with prefill", "bs16", "multiple of 128"),
+    ("wrong block_size argument", dict(block_size=256), "block_size=256"),
+    ("KV lengths as a tensor", "kvtensor", "host list"),
+])
+def test_fia_constraints(name, over, match):
+    q_lens, kv_lens = [5, 1, 3], [5, 200, 131]
+    q, kc, vc, bt = _setup(q_lens, kv_lens)
+    if over == "bt3d":
+        over = dict(block_table=npu(bt).unsqueeze(0))
+    elif over == "bthost":
+        over = dict(block_table=bt)
+    elif over == "bt64":
+        over = dict(block_table=npu(bt.long()))
+    elif over == "noncontig":
+        over = dict(key=npu(kc).view(8, 128, -1)[::2])
+    elif over == "bs16":
+        q, kc, vc, bt = _setup([5, 1, 3], [5, 20, 13], bs=16, nb=8)
+        kv_lens = [5, 20, 13]
+        over = {}
+    elif over == "kvtensor":
+        over = dict(actual_seq_lengths_kv=npu(torch.tensor(kv_lens)))
+    with pytest.raises(NPUOpError, match=match):
+        _fia(q, kc, vc, bt, q_lens, kv_lens, **over)
+
+
+def test_fia_rejects_head_dims_tnd_does_not_take():
+    q_lens, kv_lens = [2], [2]
+    q, kc, vc, bt = _setup(q_lens, kv_lens, D=32)
+    with pytest.raises(NPUOpError, match="head dim"):
+        _fia(q, kc, vc, bt, q_lens, kv_lens)
+
+
+@pytest.mark.parametrize("writer", ["scatter", "reshape"])
+def test_cache_writes_match_plain_writes(writer):
+    g = torch.Generator().manual_seed(1)
+    k, v = torch.randn(6, 2, 64, generator=g), torch.randn(6, 2, 64, generator=g)
+    slots = torch.tensor([3, 130, 131, 500, 7, 255], dtype=torch.int32)
+    kc, vc = npu(torch.zeros(4, 128, 2, 64)), npu(torch.zeros(4, 128, 2, 64))
+    if writer == "scatter":
+        torch_npu.npu_scatter_pa_kv_cache(npu(k), npu(v), kc, vc, npu(slots), cache_mode="Norm")
+    else:
+        torch_npu._npu_reshape_and_cache(npu(k), npu(v), kc, vc, npu(slots))
+    ref_k, ref_v = torch.zeros(4, 128, 2, 64), torch.zeros(4, 128, 2, 64)
+    for i, s in enumerate(slots.tolist()):
+        ref_k[s // 128, s % 128] = k[i]
+        ref_v[s // 128, s % 128] = v[i]
+    assert torch.equal(kc.cpu(), ref_k) and torch.equal(vc.cpu(), ref_v)
+
+
+@pytest.mark.parametrize("case,match", [
+    ("nz", "cache_mode"), ("dup", "unique"), ("range", r"\[0, 511\]"), ("dtype", "dtypes must be equal"),
+    ("noncontig", "contiguous"), ("host", "host-side"),
+])
+def test_cache_write_constraints(case, match):
+    k, v = npu(torch.randn(3, 2, 64)), npu(torch.randn(3, 2, 64))
+    kc, vc = npu(torch.zeros(4, 128, 2, 64)), npu(torch.zeros(4, 128, 2, 64))
+    slots = torch.tensor([1, 2, 3], dtype=torch.int32)
+    kw = dict(cache_mode="Norm")
+    if case == "nz":
+        kw = {}
+    elif case == "dup":
+        slots = torch.tensor([1, 1, 3], dtype=torch.int32)
+    elif case == "range":
+        slots = torch.tensor([1, 2, 512], dtype=torch.int32)
+    elif case == "dtype":
+        k = npu(torch.randn(3, 2, 64, dtype=torch.bfloat16))
+    elif case == "noncontig":
+        k = npu(torch.randn(3, 64, 2)).transpose(1, 2)
+    s = slots if case == "host" else npu(slots)
+    with pytest.raises(NPUOpError, match=match):
+        torch_npu.npu_scatter_pa_kv_cache(k, v, kc, vc, s, **kw)
+
+
+def test_norms_rotary_swiglu_match_their_formulas():
+    g = torch.Generator().manual_seed(2)
+    x, r, w = torch.randn(5, 64, generator=g), torch.randn(5, 64, generator=g), torch.randn(64, generator=g)
+    y, rstd = torch_npu.npu_rms_norm(npu(x), npu(w), 1e-6)
+    ref = torch.stack([x[i] / math.sqrt(float((x[i] ** 2).mean()) + 1e-6) * w for i in range(5)])
+    assert torch.allclose(y.cpu(), ref, atol=1e-5) and rstd.dtype == torch.float32
+    y2, _, s = torch_npu.npu_add_rms_norm(npu(x), npu(r), npu(w), 1e-6)
+    assert torch.allclose(s.cpu(), x + r) and torch.allclose(y2.cpu(), torch_npu.npu_rms_norm(npu(x + r), npu(w))[0].cpu())
+    # rotate-half rotary == multiplying pairs (x_i, x_{i+D/2}) by e^{i*theta} as complex numbers
+    xq = torch.randn(1, 3, 2, 8, generator=g)
+    theta = torch.randn(1, 3, 1, 4, generator=g)
+    cos, sin = torch.cat([theta.cos()] * 2, -1), torch.cat([theta.sin()] * 2, -1)
+    out = torch_npu.npu_rotary_mul(npu(xq), npu(cos), npu(sin)).cpu()
+    z = torch.complex(xq[..., :4], xq[..., 4:]) * torch.exp(1j * theta)
+    assert torch.allclose(out, torch.cat([z.real, z.imag], -1), atol=1e-6)
+    gu = torch.randn(4, 10, generator=g)
+    assert torch.allclose(torch_npu.npu_swiglu(npu(gu)).cpu(), gu[:, :5] / (1 + torch.exp(-gu[:, :5])) * gu[:, 5:],
+                          atol=1e-6)
+    with pytest.raises(NPUOpError, match="4-D"):
+        torch_npu.npu_rotary_mul(npu(xq[0]), npu(cos[0]), npu(sin[0]))
+
+
+def _plain_top_k_top_p(row, k, p):
+    n = len(row)
+    order = sorted(range(n), key=lambda i: row[i])
+    thr = row[order[n - min(k, n)]]
+    alive = [i for i in order if row[i] >= thr]
+    m = max(row[i] for i in alive)
+    z = sum(math.exp(row[i] - m) for i in alive)
+    keep, cum = set(), 0.0
+    for pos, i in enumerate(alive):
+        cum += math.exp(row[i] - m) / z
+        if cum > 1 - p or pos == len(alive) - 1:
+            keep.add(i)
+    return [row[i] if i in keep else -math.inf for i in range(n)]
+
+
+def test_top_k_top_p_matches_the_documented_algorithm():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 2.0, -1.0, 3.0], [0.5, 0.1, 0.2, 0.3, 0.4, 0.0]])
+    for k, p in [(1, 1.0), (2, 1.0), (6, 0.5), (3, 0.8), (6, 1.0)]:
+        out = torch_npu.npu_top_k_top_p(npu(logits), npu(torch.full((2,), p)), npu(torch.full((2,), k, dtype=torch.int32)))
+        for r in range(2):
+            assert out.cpu()[r].tolist() == pytest.approx(_plain_top_k_top_p(logits[r].tolist(), k, p))
+    with pytest.raises(NPUOpError, match="k must be >= 1"):
+        torch_npu.npu_top_k_top_p(npu(logits), None, npu(torch.zeros(2, dtype=torch.int32)))
+    with pytest.raises(NPUOpError, match="int32"):
+        torch_npu.npu_top_k_top_p(npu(logits), None, npu(torch.ones(2, dtype=torch.int64)))
+
+
+def test_device_semantics():
+    a = npu(torch.ones(3))
+    assert a.device.type == "npu" and torch.npu.is_available()
+    with pytest.raises(RuntimeError, match="same device"):
+        a + torch.ones(3)
+    assert torch.equal((a * 2).cpu(), torch.full((3,), 2.0))
+    with torch_npu.monitor() as rec:
+        a.cpu()
+    assert rec == [("d2h", (3,))]
+
+
+def test_npu_sampler_picks_the_custom_operator_only_when_installed(monkeypatch, tmp_path):
+    from rtp_llm.device.npu.ops import NpuOps
+
+    monkeypatch.delenv("ASCEND_CUSTOM_OPP_PATH", raising=False)
+    assert NpuOps().custom_top_k_top_p is None
+    monkeypatch.setenv("ASCEND_CUSTOM_OPP_PATH", str(tmp_path))  # set, but rtp_llm/_npu_ops.so is not built here
+    ops = NpuOps()
+    assert ops.custom_top_k_top_p is None
+    logits = npu(torch.tensor([[1.0, 3.0, 2.0, 0.0]]))
+    out = ops.top_k_top_p(logits, npu(torch.tensor([2])), None).cpu()  # falls back to npu_top_k_top_p
+    assert out.tolist() == [[-math.inf, 3.0, 2.0, -math.inf]]

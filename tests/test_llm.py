@@ -1,0 +1,90 @@
+"""The offline API (LLM.generate / LLM.chat) and the asyncio client over an in-thread core, on the real embedded
+model, against transformers on the same GGUF weights."""
+
+import asyncio
+import os
+
+import pytest
+import torch
+
+from rtp_llm import LLM, SamplingParams
+from rtp_llm.engine.client import ThreadEngineClient
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(max_model_len=1024, max_num_seqs=8)
+
+
+@pytest.fixture(scope="module")
+def hf(llm):
+    from transformers import AutoModelForCausalLM
+
+    gguf = llm.core.model_path
+    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf),
+                                                 dtype=torch.float32).eval()
+    return model
+
+
+def hf_greedy_ids(hf, ids, n, eos):
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                          max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+    return out[0, len(ids):].tolist()
+
+
+def test_generate_text_and_token_prompts_in_order(llm, hf):
+    prompts = ["The capital of France is", [504, 3575, 282], "def fibonacci(n):"]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=24, temperature=0), use_tqdm=False)
+    assert [o.prompt_token_ids for o in outs] == [llm.tokenizer.encode(prompts[0]), prompts[1],
+                                                   llm.tokenizer.encode(prompts[2])]
+    for o in outs:
+        ref = hf_greedy_ids(hf, o.prompt_token_ids, 24, eos=2)
+        assert o.outputs[0].token_ids == ref
+        assert o.outputs[0].text == llm.tokenizer.decode(ref)
+
+
+def test_chat_uses_the_template_and_answers(llm, hf):
+    conv = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+    out = llm.chat(conv, SamplingParams(max_tokens=16, temperature=0), use_tqdm=False)[0]
+    ids = llm.tokenizer.encode(llm.tokenizer.apply_chat_template(conv), add_special_tokens=False)
+    assert out.prompt_token_ids == ids
+    assert out.outputs[0].token_ids == hf_greedy_ids(hf, ids, 16, eos=2)
+    assert "Paris" in out.outputs[0].text
+    assert out.outputs[0].finish_reason == "stop"  # ended on <|im_end|>, which is not in the text
+
+
+def test_async_client_streams_and_cancellation_frees_blocks(llm):
+    engine = ThreadEngineClient(llm.core)
+
+    async def main():
+        text, final = "", None
+        async for out in engine.generate("Once upon a time", SamplingParams(max_tokens=12, temperature=0,
+                                                                          ignore_eos=True)):
+            text += out.outputs[0].delta_text
+            final = out
+        assert final.finished and text == final.outputs[0].text and len(final.outputs[0].token_ids) == 12
+
+        async def consume_two():
+            n = 0
+            async for _ in engine.generate("Tell me a long story", SamplingParams(max_tokens=500, ignore_eos=True)):
+                n += 1
+                if n == 2:
+                    await asyncio.sleep(3600)  # a client that stops reading; cancelled below
+
+        task = asyncio.create_task(consume_two())
+        await asyncio.sleep(1.0)
+        assert llm.core.stats()["kv_used_blocks"] > 0
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if llm.core.stats()["kv_used_blocks"] == 0 and not llm.core.has_unfinished():
+                break
+        assert llm.core.stats()["kv_used_blocks"] == 0
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.shutdown()
