@@ -66,9 +66,9 @@ FLAGS = [
     Flag("tp_heartbeat_timeout", "TP_HEARTBEAT_TIMEOUT", float, 10.0,
          "seconds without a worker heartbeat before the server reports that rank dead and exits"),
     Flag("cpu_gemv_weights", "CPU_GEMV_WEIGHTS", str, "auto",
-         "CPU, where linear layers run on oneDNN (bf16; fp32 without AVX-512): also keep plain weight copies for the "
-         "GEMV kernel of steps of few rows (~1.4x faster weight streaming than the packed GEMM; costs the weights' "
-         "size again); auto = when they fit in 1/4 of free memory",
+         "CPU, where linear layers run on oneDNN (bf16 without avx512_bf16; fp32 without AVX-512): also keep plain "
+         "weight copies for the GEMV kernel of steps of few rows (it streams weights faster than the packed GEMM; "
+         "costs the weights' size again); auto = when they fit in 1/4 of free memory",
          choices=("auto", "on", "off")),
     Flag("host", "HOST", str, "127.0.0.1", "address to listen on"),
     Flag("port", "START_PORT", int, 8000, "port to listen on"),

@@ -1,1 +1,1 @@
-"""Model definitions, the checkpoint loader and the architecture registry."""
+"""Model definitions, the checkpoint loader, the architecture registry and the tensor-parallel shard plan."""

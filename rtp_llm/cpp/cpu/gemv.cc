@@ -2,10 +2,10 @@
 // steps of a few sequences, which is memory-bound: every weight byte is read once per step for very little
 // arithmetic. Splits N across threads (at::parallel_for) and streams four weight rows at a time against
 // the input rows taken in pairs (8 independent FMA chains; dot4 below). float32 and bfloat16 weights
-// (bf16 products and fp32 accumulation, rounded once at the end, as torch does). From ~5 rows oneDNN's
-// packed GEMM is faster than this AVX2 kernel and callers switch to it (rtp_llm/device/cpu_ops.py,
-// benchmarks/cpu_linear.py). CPUs with AVX-512 take gemv_avx512.cc instead, which stays at the memory
-// bandwidth up to 8 rows.
+// (bf16 products and fp32 accumulation, rounded once at the end, as torch does). From a few rows oneDNN's
+// packed GEMM is faster than this AVX2 kernel and callers switch to it (rtp_llm/device/cpu/linear.py:
+// GEMV_MAX_ROWS, from benchmarks.cpu_linear --stream). CPUs with AVX-512 take gemv_avx512.cc instead, which
+// stays at the memory bandwidth up to 8 rows.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -21,8 +21,7 @@ namespace rtp_llm {
 namespace {
 
 // Rows ahead whose columns are prefetched into L2 (into L1, prefetches stall the core once its miss buffers
-// fill): a core streaming short rows (1-2 KB) otherwise waits on each new row's first lines. On SmolLM2's
-// layers here: bf16 ~19 -> ~28 GB/s, fp32 ~26 -> ~30 GB/s (a plain sum reaches ~32).
+// fill): a core streaming short rows (1-2 KB) otherwise waits on each new row's first lines.
 constexpr int64_t kPrefetchRows = 16;
 constexpr int kPrefetchLocality = 2;
 

@@ -3,8 +3,7 @@
 //
 // Why a second kernel: with AVX2's 16 registers, 5-8 input rows cannot all meet a weight vector in one
 // pass, so the AVX2 kernel takes them in pairs and re-reads each weight block from L1, and the memory bus
-// idles while the later pairs compute (8 rows fp32: ~22 ms per 30 SmolLM2 layers, slower than oneDNN's
-// packed GEMM). With 32 registers all rows (up to 8; 9-16 in two passes) x a few weight rows are accumulated
+// idles while the later pairs compute (at 8 rows slower than oneDNN's packed GEMM). With 32 registers all rows (up to 8; 9-16 in two passes) x a few weight rows are accumulated
 // in one pass, so every weight byte is loaded once and the stream never pauses.
 //
 // Summation order, per output: one 16-lane accumulator over k (in steps of 16, the tail masked), its lanes
@@ -79,8 +78,7 @@ constexpr int64_t kBlock = 24;  // weight rows per unit of the thread split (a m
 
 // Rows [j0, j1) of the output for M input rows. Up to 8 rows in one pass; 9-16 in two passes over each
 // group of G weight rows (8 rows, then the rest), the second reading the G rows from L1: the weights still
-// stream from memory once, and the step turns compute-bound from ~10 rows (but stays well ahead of the packed
-// GEMM's ~28 ms per 30 layers at 10 rows here).
+// stream from memory once; past ~10 rows the step turns compute-bound (benchmarks.cpu_linear --stream).
 template <typename T, int M>
 RTP_AVX512 void rows_block(const T* w, const float* x, const float* bias, T* out, int64_t k, int64_t n,
                            int64_t j0, int64_t j1) {

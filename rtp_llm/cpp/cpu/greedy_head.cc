@@ -2,11 +2,10 @@
 // computing all of them in fp32.
 //
 // Why: with every sampled row greedy (and no penalties or logprobs) only the argmax of the LM head is used,
-// and the LM head is the largest single matrix (SmolLM2: 49152 x 576, ~15% of a W decode step, ~10% of a
-// batch-1 step's bytes). Here a bf16 copy of W screens the vocabulary (avx512_bf16 dot products: twice the
-// fp32 FMA rate, half the bytes), a proven error bound per logit keeps every token that could still be the
-// fp32 argmax, and only those few are recomputed in fp32 in the panel kernel's exact summation order. On
-// SmolLM2 a row keeps 1-2 candidates on average (at most ~10 seen).
+// and the LM head is the largest single matrix (SmolLM2: 49152 x 576). Here a bf16 copy of W screens the
+// vocabulary (avx512_bf16 dot products: twice the fp32 FMA rate, half the bytes), a proven error bound per logit
+// keeps every token that could still be the fp32 argmax, and only those few are recomputed in fp32 in the panel
+// kernel's exact summation order (candidates per row and the speed-up: benchmarks.cpu_greedy_head).
 //
 // The bound, per row x and vocab row w_j (x~, w~ their bf16 roundings; a_j the screen's value, e_j the exact
 // fp32 logit; gamma = K u / (1 - K u), u = 2^-24):

@@ -2,9 +2,9 @@
 //
 // Why: at decode batch sizes each of these is several tiny aten ops per layer (pow, mean, add, rsqrt,
 // mul, mul; slice, neg, cat, mul, mul, add per tensor), and dispatch overhead, not arithmetic, is what
-// they cost: ~30 ops per layer, about a quarter of a batch-1 decode step on this machine kind.
+// they cost: ~30 ops per layer.
 //
-// The math is the reference's (rtp_llm/layers/norm.py, rtp_llm/layers/rotary.py) in float32, for float32
+// The math is the reference's (rtp_llm/device/torch_ops.py: rms_norm, apply_rotary) in float32, for float32
 // and bfloat16 tensors. For bfloat16 every place where the reference's aten ops round to bfloat16 rounds
 // here too (round-to-nearest-even, as c10::BFloat16 does), so the two agree up to the float32 summation
 // order of the norm's mean.
@@ -45,8 +45,8 @@ inline void norm_row(const T* in, const T* w, float eps, int64_t n, T* out) {
         out[i] = static_cast<T>(static_cast<float>(w[i]) * vec::round_as<T>(static_cast<float>(in[i]) * r));
 }
 
-// Rows per task: 16, so that a decode step's 17-64 rows are shared by the threads (at 32 rows serial, the
-// step's 60 norms left the other core idle ~0.7 ms per W step); one row is ~0.2 us of work.
+// Rows per task: 16, so that a decode step's 17-64 rows are shared by the threads (serial, a step's norms left
+// the other cores idle); one row is well under a microsecond of work.
 constexpr int64_t kNormGrain = 16;
 
 template <typename T>

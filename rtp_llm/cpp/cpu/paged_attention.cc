@@ -1,14 +1,13 @@
-// Paged decode attention on CPU: one new token per sequence attends over its cached keys, read in
-// place through the block table from the layer's [num_blocks, block_size, kv_heads, head_dim] views.
+// Paged attention on CPU: one query row per entry (a decode, or a row of a short chunk) attends over its cached
+// keys, read in place through the block table from the layer's [num_blocks, block_size, kv_heads, head_dim]
+// views.
 //
 // Why a kernel: the reference path gathers every sequence's K and V into padded temporaries and runs
 // masked SDPA with the KV heads expanded, reading the cache twice and writing it once per layer per
 // step. Here each sequence's task reads its keys and values once, for all query heads (GQA groups
 // share their KV head's row), with a float32 softmax. Tasks run in parallel with at::parallel_for.
 // The AVX2 path scores eight keys per pass, uses a vectorised exp, keeps the value accumulators in
-// registers over 16-token tiles and prefetches rows into L2; a W-like step (32 sequences, 129-256 tokens,
-// 30 layers, 284 MB of fp32 KV) takes ~17-20 ms here against 34 ms for the scalar loops it replaced
-// (benchmarks/cpu_decode_attention.py).
+// registers over 16-token tiles and prefetches rows into L2 (benchmarks.cpu_decode_attention measures it).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -181,9 +180,8 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
 #endif
 
     // One task per sequence, tokens in the outer loop and KV heads inside: each token's whole row is
-    // read once, in address order within a block (per-(sequence, KV head) tasks hop across rows: ~1.4x
-    // slower on a batch of 32). With fewer sequences than threads, tasks split the KV heads again so
-    // every thread has work.
+    // read once, in address order within a block (per-(sequence, KV head) tasks hop across rows and were
+    // slower). With fewer sequences than threads, tasks split the KV heads again so every thread has work.
     const int64_t splits = batch >= at::get_num_threads() ? 1 : kv_heads;
     const int64_t heads_per_split = kv_heads / splits;
     at::parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {

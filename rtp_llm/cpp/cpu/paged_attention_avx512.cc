@@ -1,11 +1,10 @@
-// The two halves of paged decode attention with AVX-512 (chosen at run time by paged_attention.cc):
-// q.k scores and the probability-weighted sum of values, for one sequence.
+// The two halves of paged attention with AVX-512 (chosen at run time by paged_attention.cc): q.k scores and
+// the probability-weighted sum of values, for one sequence.
 //
-// Why: the AVX2 code reads a W-like step's KV (284 MB fp32, 2 MB pages) at ~18 GB/s, short of what memory
-// streams (~30): between the loads it spends its time on instructions. Here the scores take up to three
-// query heads of a KV head at once, so each key vector is loaded once per group instead of once per head,
-// and both halves run 16 lanes wide: about half the instructions per key. benchmarks.cpu_decode_attention:
-// 13.0-14.6 vs 15.7-16.1 ms per step (alternating processes).
+// Why: the AVX2 code reads the KV short of what memory streams: between the loads it spends its time on
+// instructions. Here the scores take up to three query heads of a KV head at once, so each key vector is
+// loaded once per group instead of once per head, and both halves run 16 lanes wide: about half the
+// instructions per key (benchmarks.cpu_decode_attention).
 //
 // Summation order: a score is one 16-lane accumulator over head_dim, its lanes summed in reduce1's tree
 // (reduce8 is the same tree for 8 at once); a value column sums tokens in order.

@@ -31,8 +31,8 @@ struct SeqRows {
 // stream prefetchers restart at every block boundary; explicit prefetches keep the lines in flight.
 constexpr int64_t kAheadTokens = 8;
 
-// Into L2 (prefetcht1), not L1: on this machine kind L1-targeted prefetches stall the core once its L1 miss
-// buffers fill (~12 GB/s for a W-like step) while L2-targeted ones keep streaming (~16 GB/s).
+// Into L2 (prefetcht1), not L1: L1-targeted prefetches stall the core once its L1 miss buffers fill, while
+// L2-targeted ones keep streaming.
 template <typename T>
 inline void prefetch_row(const T* row, int64_t bytes) {
     const char* p = reinterpret_cast<const char*>(row);

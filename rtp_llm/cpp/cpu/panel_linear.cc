@@ -2,13 +2,12 @@
 // once, at load, into panels of 48 output columns, panel p = W[48p : 48p + 48, :]^T stored k-major
 // ([ceil(N / 48), K, 48], the last panel zero-padded), so a panel is one contiguous stream.
 //
-// Why: decode steps of 17-64 rows are the bulk of a loaded server's work, and there oneDNN's packed GEMM
-// reached ~150-160 GFLOP/s with SmolLM2's weights streamed from memory (the machine's FMA peak is ~230): its
-// weight reads stall the FMAs. Here each thread, while it multiplies all rows by one panel (read from
-// memory once, then from L2 for the other row blocks), prefetches its next panel into L2, so the compute runs
-// from cache and the memory stream runs beside it. benchmarks/cpu_linear.py --stream: 30 SmolLM2 layers at
-// 32 rows ~35 ms vs oneDNN ~43; and at 1-16 rows the panel stream is as fast as the plain-layout GEMV kernel
-// (one contiguous stream per panel), so this one kernel and one weight copy serve every row count.
+// Why: decode steps of 17-64 rows are the bulk of a loaded server's work, and there oneDNN's packed GEMM, with
+// the weights streamed from memory, stays well below the FMA peak: its weight reads stall the FMAs. Here each
+// thread, while it multiplies all rows by one panel (read from memory once, then from L2 for the other row
+// blocks), prefetches its next panel into L2, so the compute runs from cache and the memory stream runs beside
+// it; at 1-16 rows the panel stream is as fast as the plain-layout GEMV kernel (one contiguous stream per
+// panel), so this one kernel and one weight copy serve every row count (benchmarks.cpu_linear --stream).
 //
 // Micro-kernel: MR <= 8 rows x 48 columns in 24 zmm accumulators; per k, 3 panel vectors and MR broadcasts
 // of x. Summation order, per output: one FMA chain over k in order, from zero, then + bias. It does not
@@ -32,9 +31,9 @@ namespace {
 
 constexpr int64_t kMaxBlockRows = 8;
 // Rows multiplied by one panel before the next: their x rows (192 x K floats) stay in L2 while every panel
-// passes, instead of all of a 4096-row prefill's x being re-read from L3 per panel. (Between 48 and 384 rows
-// the chunk made no measurable difference here; wide outputs such as gate_up at 4096 rows stay slower,
-// ~163 GFLOP/s against ~205-217 for qkv/o/down, which is why CpuOps.mlp splits a prefill's rows.)
+// passes, instead of all of a 4096-row prefill's x being re-read from L3 per panel. (Between 48 and 384 rows the
+// chunk made no measurable difference; wide outputs such as gate_up at 4096 rows stay slower than the other
+// shapes, which is why CpuOps.mlp splits a prefill's rows.)
 constexpr int64_t kRowChunk = 192;
 
 // The two element kinds. Fp32: a panel row is 48 floats per k, x a float per k, one FMA per product. Bf16:
@@ -67,7 +66,7 @@ struct Bf16Pairs {
     }
 };
 
-// The SiLU-gated epilogue (tile with Gated) rounds where silu_and_mul.cc's inputs and outputs were rounded
+// The SiLU-gated epilogue (tile with Gated) rounds where activation.cc's inputs and outputs were rounded
 // when gate_up and the activation were separate kernels, so that fusing them changes no bit:
 // as_stored: gate_up's value as the store above leaves it; round_act / store_act: silu_and_mul's rounding of
 // silu(gate) before the product and of the product (bf16: round to nearest even on the bits, as
@@ -123,7 +122,7 @@ RTP_AVX512_BF16 __attribute__((always_inline)) inline void k_step(const typename
 }
 
 // The Gated epilogue of tile(): lanes of acc[r] = panel columns 0-15 | 16-31 | 32-47, gate = columns 0-23,
-// up = 24-47. x / (1 + exp(-x)) with exp16, the formula and exp of silu_and_mul.cc's vector loop.
+// up = 24-47. x / (1 + exp(-x)) with exp16, the formula and exp of activation.cc's vector loop.
 template <typename E, int MR>
 RTP_AVX512_BF16 __attribute__((always_inline)) inline void gated_store(__m512 (&acc)[MR][3], const float* bias,
                                                                       typename E::Out* out, int64_t ldo, int cols,
@@ -147,7 +146,7 @@ RTP_AVX512_BF16 __attribute__((always_inline)) inline void gated_store(__m512 (&
             const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, e));
             Act::store_act(o + 16 * h, h ? mask_hi : mask_lo, _mm512_mul_ps(Act::round_act(silu), u));
         }
-        if (exact_from < cols) {  // silu_and_mul.cc's scalar tail
+        if (exact_from < cols) {  // activation.cc's scalar tail
             alignas(64) float g[32], u[32];
             _mm512_store_ps(g, g_lo), _mm512_store_ps(g + 16, g_hi);
             _mm512_store_ps(u, u_lo), _mm512_store_ps(u + 16, u_hi);
@@ -164,13 +163,11 @@ RTP_AVX512_BF16 __attribute__((always_inline)) inline void gated_store(__m512 (&
 //
 // Why the output: a prefill's output (SmolLM2's qkv at 4096 rows: 16 MB) is not in cache, and the 3 x MR
 // stores at the end of a tile each wait for their line to be read in (read-for-ownership) with the FMAs
-// stopped; requested one line per 4 k steps during the previous tile, they are there (a stand-alone copy of
-// this loop at 4096 x 576 x 960, 2 cores: ~106 -> ~109 GFLOP/s per core, the tile alone with its output in
-// L1 reaching ~112).
+// stopped; requested one line per 4 k steps during the previous tile, they are there (benchmarks/README.md).
 //
 // Gated (pack_gated_panels: panel columns 0-23 gate, 24-47 up): out[r, j] = silu(gate_j) * up_j for the
-// tile's `cols` <= 24 output columns, rounded as silu_and_mul.cc rounds; from column `exact_from` on (the
-// tail silu_and_mul.cc computes with std::exp, past the last whole 8) the scalar formula.
+// tile's `cols` <= 24 output columns, rounded as activation.cc rounds; from column `exact_from` on (the
+// tail activation.cc computes with std::exp, past the last whole 8) the scalar formula.
 template <typename E, int MR, bool Gated>
 RTP_AVX512_BF16 void tile(const typename E::W* __restrict pan, const typename E::X* __restrict x, int64_t k,
                           const float* bias, typename E::Out* out, int64_t ldo, int cols, const char* prefetch,
@@ -178,8 +175,8 @@ RTP_AVX512_BF16 void tile(const typename E::W* __restrict pan, const typename E:
     __m512 acc[MR][3];
     for (int r = 0; r < MR; ++r)
         for (int c = 0; c < 3; ++c) acc[r][c] = _mm512_setzero_ps();
-    // k in steps of 4, the prefetches issued once per step (one loop test per 4 k: 30 layers at 32 rows
-    // ~198 vs ~185 GFLOP/s one k at a time); the same FMA order either way.
+    // k in steps of 4, the prefetches issued once per step (one loop test per 4 k was measurably faster than
+    // one k at a time); the same FMA order either way.
     int64_t next = 0, i = 0, out_line = out_next ? 0 : 3 * MR;
     for (; i + 4 <= k; i += 4) {
         for (int64_t s = 0; s < 4 * per_step && next < lines; ++s, ++next)
@@ -219,9 +216,8 @@ constexpr int64_t kOutCols = Gated ? kPanelCols / 2 : kPanelCols;
 
 // Rows [r0, r0 + rows) by panel q, in blocks of at most 8 rows as even as possible (17 rows: 6 + 6 + 5, not
 // 8 + 8 + 1, whose one-row block would be load-bound). With several blocks the next panel's lines are
-// prefetched across them (30 layers at 32 rows: ~34-37 vs ~36-39 ms without). One block reads the weights
-// once, as a single sequential stream the hardware prefetcher follows: explicit prefetches there only cost
-// (1 row: ~16 vs ~13.5 ms per 30 layers).
+// prefetched across them. One block reads the weights once, as a single sequential stream the hardware
+// prefetcher follows: explicit prefetches there only cost (benchmarks.cpu_linear --stream, both cases).
 // next: the panel this thread multiplies after q (null for none), whose first tile's output is at the next
 // panel's columns of row r0. n: output columns (Gated: the activation's width).
 template <typename E, bool Gated>
@@ -233,7 +229,7 @@ void panel_rows(const typename E::W* panels, const typename E::X* x, const float
     const int64_t lines_per_block = next && blocks > 1 ? (panel_lines + blocks - 1) / blocks : 0;
     const int64_t per_step = (lines_per_block + k - 1) / k;
     const int cols = static_cast<int>(std::min<int64_t>(oc, n - q * oc));
-    // silu_and_mul.cc's vector loop covers the activation's columns below n rounded down to 8
+    // activation.cc's vector loop covers the activation's columns below n rounded down to 8
     const int exact_from = static_cast<int>(std::min<int64_t>(oc, (n & ~int64_t{7}) - q * oc));
     const typename E::W* pan = panels + q * k * kPanelCols;
     const float* b = bias ? bias + q * kPanelCols : nullptr;

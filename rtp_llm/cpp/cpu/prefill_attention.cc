@@ -4,8 +4,8 @@
 // a cached prefix and chunked prefills of any lengths are one call (no gather into padded tensors, no mask).
 //
 // Why: the decode kernel's dot-product form (one key at a time, a horizontal sum per score) suits one query
-// per sequence; with many queries per key it spends its time in reductions (a W prefill layer, 32 x 128
-// rows: ~15 ms, as long as torch's SDPA). Here the scores are a small GEMM per (sequence, KV head, row
+// per sequence; with many queries per key it spends its time in reductions (no faster than torch's SDPA on a
+// prefill). Here the scores are a small GEMM per (sequence, KV head, row
 // block) against the keys transposed once per (sequence, KV head): per head_dim step, 4 key vectors (64 keys)
 // meet 6 broadcast query values in 24 accumulators; the values likewise, 64 columns x 6 query vectors.
 //

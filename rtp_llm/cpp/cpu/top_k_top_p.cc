@@ -1,5 +1,5 @@
 // CPU twin of the top-k/top-p operator (the documented npu_top_k_top_p / apply_top_k_top_p_custom
-// math), giving the same masks as rtp_llm/sampling/top_k_top_p.py without sorting the vocabulary.
+// math), giving the same masks as rtp_llm/device/torch_ops.py (apply_top_k_top_p) without sorting the vocabulary.
 //
 // Per row (rows in parallel):
 //   top-k: the k-th largest value by nth_element; survivors are values >= it (ties survive).

@@ -1,6 +1,6 @@
 // Vector building blocks shared by the CPU kernels: a portable dot product, and with AVX2 8-lane loads of
 // float32 / bfloat16 / float16 into float32 and stores back (round-to-nearest-even), horizontal sums and a
-// vectorised exp. Compiled with -mavx2 -mfma -mf16c (rtp_llm/cpp/ops/BUILD); kernels keep a scalar path
+// vectorised exp. Compiled with -mavx2 -mfma -mf16c (rtp_llm/cpp/cpu/BUILD); kernels keep a scalar path
 // for machines or shapes the AVX2 code does not cover.
 #pragma once
 

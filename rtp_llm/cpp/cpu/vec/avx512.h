@@ -16,7 +16,7 @@
 
 #define RTP_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")))
 // Plus the bf16 dot products and conversions (vdpbf16ps, vcvtneps2bf16): only for code that checked
-// cpu_has_bf16_dot(). The compiler emits these instructions only for their intrinsics, so a template
+// cpu_avx512_bf16(). The compiler emits these instructions only for their intrinsics, so a template
 // compiled with this target whose fp32 instantiation uses none of them is safe on any AVX-512 CPU.
 #define RTP_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")))
 
