@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import torch
 
+from rtp_llm.config.model_config import parse_dtype
 from rtp_llm.device.attention import AttentionBackend, TorchRefAttention
 from rtp_llm.device.torch_ops import TorchOps
 from rtp_llm.errors import DeviceError
@@ -52,6 +53,11 @@ class Device(ABC):
         """(free bytes, total bytes) of the memory the KV cache comes from (host memory here)."""
         pages, page = os.sysconf("SC_AVPHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
         return pages * page, os.sysconf("SC_PHYS_PAGES") * page
+
+    def model_dtype(self, requested, stored: torch.dtype) -> torch.dtype:
+        """The dtype weights, activations and the KV cache run in: --dtype, or for 'auto' the checkpoint's own
+        (`stored`: what its weights load as)."""
+        return parse_dtype(requested, default=stored)
 
     def kv_cache_budget(self, config) -> int:
         """Bytes for the KV cache when the config gives no size: a fraction of free device memory."""

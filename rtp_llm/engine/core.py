@@ -63,14 +63,12 @@ class EngineCore:
             raise
 
     def _init_model(self, config: EngineConfig, model, model_config, tokenizer) -> None:
-        from rtp_llm.models.registry import load_model
+        from rtp_llm.models.registry import load_engine_model
         from rtp_llm.tokenizer import Tokenizer
 
         tp = self.tp_runtime.tp if self.tp_runtime else None
         if model is None:
-            model, model_config = load_model(config.model, config.model_type, config.dtype, self.device.torch_device,
-                                             allow_pickle=config.allow_pickle, progress=True, ops=self.device.ops(),
-                                             tp=tp)
+            model, model_config = load_engine_model(config, self.device, tp, progress=True)
         self.model_config = mc = model_config
         self.tokenizer = tokenizer or Tokenizer.load(config.tokenizer or config.model)
         self.vocab_size = mc.vocab_size

@@ -39,7 +39,7 @@ def run_worker(config: EngineConfig, env: LaunchEnv) -> int:
     from rtp_llm.device import get_device
     from rtp_llm.engine.model_runner import ModelRunner
     from rtp_llm.models.default_model import with_default_model
-    from rtp_llm.models.registry import load_model
+    from rtp_llm.models.registry import load_engine_model
 
     config = with_default_model(config)  # torchrun-style ranks start from the command line, as rank 0 does
     device = get_device(config.device, env.local_rank, config.device_options)
@@ -48,8 +48,7 @@ def run_worker(config: EngineConfig, env: LaunchEnv) -> int:
     try:
         block_size = config.block_size or device.default_block_size
         device.validate_block_size(block_size)
-        model, cfg = load_model(config.model, config.model_type, config.dtype, device.torch_device,
-                                allow_pickle=config.allow_pickle, ops=device.ops(), tp=tp)
+        model, cfg = load_engine_model(config, device, tp)
         num_blocks = tp.all_reduce_min(kv_cache_blocks(config, device, cfg.num_layers, block_size,
                                                        model.shard.num_kv_heads, cfg.head_dim, model.dtype))
         runner = ModelRunner(model, cfg, num_blocks, block_size, device, config.attention_backend, tp)

@@ -18,6 +18,20 @@ log = logging.getLogger(__name__)
 MODEL_CLASSES = {"qwen_3": DecoderLM, "qwen_2": DecoderLM, "llama": DecoderLM}
 
 
+def stored_dtype(path: str, cfg: ModelConfig) -> torch.dtype:
+    """The dtype the checkpoint's weights load as: its own (config.json), float32 for GGUF (dequantized)."""
+    return torch.float32 if find_gguf(path) else cfg.dtype
+
+
+def load_engine_model(engine_config, device, tp=None, progress: bool = False) -> tuple[DecoderLM, ModelConfig]:
+    """The model an engine runs: the EngineConfig's checkpoint in the dtype the device picks for it
+    (Device.model_dtype: --dtype, or for auto what the device runs best), with the device's op set."""
+    cfg = load_config(engine_config.model, engine_config.model_type)
+    dtype = device.model_dtype(engine_config.dtype, stored_dtype(engine_config.model, cfg))
+    return load_model(engine_config.model, engine_config.model_type, dtype, device.torch_device,
+                      allow_pickle=engine_config.allow_pickle, progress=progress, ops=device.ops(), tp=tp, config=cfg)
+
+
 def load_model(
     path: str,
     model_type: str | None = None,
@@ -27,12 +41,13 @@ def load_model(
     progress: bool = False,
     ops=None,
     tp=None,
+    config: ModelConfig | None = None,
 ) -> tuple[DecoderLM, ModelConfig]:
     """ops: the device's op set (Device.ops()); None = plain torch.
-    tp: a TensorParallel group; the model then holds (and reads) only this rank's slices."""
-    cfg = load_config(path, model_type)
-    # "auto": the checkpoint's dtype; GGUF weights are dequantized to float32.
-    torch_dtype = parse_dtype(dtype, default=torch.float32 if find_gguf(path) else cfg.dtype)
+    tp: a TensorParallel group; the model then holds (and reads) only this rank's slices.
+    config: the checkpoint's ModelConfig when the caller has read it already."""
+    cfg = config or load_config(path, model_type)
+    torch_dtype = parse_dtype(dtype, default=stored_dtype(path, cfg))
     model = MODEL_CLASSES[cfg.model_type](cfg, dtype=torch_dtype, device=device, ops=ops, tp=tp)
     model.load_weights(iter_checkpoint(path, cfg, allow_pickle=allow_pickle), progress=progress)
     model.prepare()  # each linear layer's kernel, packed as its device wants (CPU: panels or oneDNN's layout)

@@ -22,8 +22,16 @@ VARIANTS = {
                                                                    factor=2.0))),
 }
 
-# Head dim 64: the fused attention kernel's TND layout takes head dim 64 or 128 (NPU tests).
+# The NPU tests' models: head dim 128, the fused attention kernel's documented TND case, with the real models'
+# head geometry (Qwen3 and Llama 3: 128; Qwen2.5 from 1.5B: 128, GQA), and head dim 64 (SmolLM2, Qwen2.5-0.5B),
+# which only some CANN versions take in TND.
 NPU_VARIANTS = {
+    "qwen3_hd128": ("qwen3", dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+                                  tie_word_embeddings=False)),
+    "qwen2_hd128": ("qwen2", dict(hidden_size=512, num_attention_heads=4, num_key_value_heads=2,
+                                  tie_word_embeddings=False)),
+    "llama_hd128": ("llama", dict(hidden_size=512, num_attention_heads=4, num_key_value_heads=1,
+                                  tie_word_embeddings=True)),
     "qwen3_hd64": ("qwen3", dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                                  tie_word_embeddings=False)),
     "qwen2_hd64": ("qwen2", dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2,

@@ -32,7 +32,7 @@ class AscendMeta:
     q_cum: list[int]        # host list, cumulative
     kv_lens: list[int]      # host list, per sequence
     block_table: torch.Tensor
-    slots: torch.Tensor
+    slots: torch.Tensor     # int32 [T]
 
 
 class AscendAttention(AttentionBackend):
@@ -54,8 +54,9 @@ class AscendAttention(AttentionBackend):
         return self._mask
 
     def prepare(self, batch: ForwardBatch) -> AscendMeta:
+        # int32 slots: what _npu_reshape_and_cache takes (ATB) and npu_scatter_pa_kv_cache accepts, once per step
         return AscendMeta(list(itertools.accumulate(batch.q_lens)), list(batch.kv_lens), batch.block_table,
-                          batch.slot_mapping)
+                          batch.slot_mapping.to(torch.int32))
 
     def forward(self, q, k, v, layer_kv, meta: AscendMeta):
         k_cache, v_cache = layer_kv[0], layer_kv[1]        # [nb, bs, KV_N, D] views of the one buffer

@@ -8,12 +8,16 @@ prefill: 128, 256, 384 or 512 (vllm-ascend fixes 128).
 from __future__ import annotations
 
 import importlib.util
+import logging
 
 import torch
 
 from rtp_llm.device.attention import TorchRefAttention
 from rtp_llm.device.base import Device
+from rtp_llm.config.model_config import parse_dtype
 from rtp_llm.device.npu.attention import AscendAttention
+
+log = logging.getLogger(__name__)
 
 
 def npu_status() -> tuple[bool, str]:
@@ -37,6 +41,9 @@ class NpuDevice(Device):
     default_attention = "ascend"
     default_block_size = 128
     VALID_BLOCK_SIZES = (128, 256, 384, 512)
+    # npu_fused_infer_attention_score takes float16 / bfloat16 (or int8) queries, no float32 (torch_npu 2.13
+    # op-plugin docs, query), and its KV cache in the query's dtype: the whole model runs in one of these.
+    DTYPES = (torch.bfloat16, torch.float16)
 
     @classmethod
     def available(cls):
@@ -57,6 +64,19 @@ class NpuDevice(Device):
 
     def stream(self):
         return torch.npu.current_stream()
+
+    def model_dtype(self, requested, stored: torch.dtype) -> torch.dtype:
+        if requested in (None, "auto"):
+            if stored in self.DTYPES:
+                return stored
+            log.info("npu: the checkpoint's weights load as %s; the model, its activations and the KV cache run in "
+                     "bfloat16 (cast at load: the fused attention takes float16/bfloat16 only)", stored)
+            return torch.bfloat16
+        dtype = parse_dtype(requested)
+        if dtype not in self.DTYPES:
+            raise ValueError(f"--dtype {requested}: the NPU runs bfloat16 or float16 (npu_fused_infer_attention_score "
+                             f"takes no float32); use --dtype bfloat16, float16 or auto")
+        return dtype
 
     def validate_block_size(self, block_size: int) -> None:
         if block_size not in self.VALID_BLOCK_SIZES:

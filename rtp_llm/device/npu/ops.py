@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from rtp_llm.device.torch_ops import TorchOps
+from rtp_llm.device.torch_ops import TorchOps, apply_top_k_top_p
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +60,42 @@ class NpuOps(TorchOps):
     def silu_and_mul(self, gate_up):
         return self.torch_npu.npu_swiglu(gate_up, dim=-1)
 
+    # npu_top_k_top_p takes k in [1, 1024] (torch_npu 2.13 docs): no "k = vocab" for rows without top-k.
+    MAX_K = 1024
+
     def top_k_top_p(self, logits, k, p):
+        """Rows go to the operator in the documented ranges: rows with top-k (k <= 1024) with their k, rows without
+        it with k = None (top-p alone), rows with a larger k through the reference algorithm in torch ops; the
+        results are put back in row order. k: [R] (vocab or more = off), p: [R] (1 = off)."""
         if k is None and p is None:
             return logits
-        vocab = logits.shape[-1]
         if k is None:
-            k = torch.full((logits.shape[0],), vocab, dtype=torch.int32, device=logits.device)
-        if p is None:
-            p = torch.ones(logits.shape[0], dtype=logits.dtype, device=logits.device)
+            return self._op(logits, p, None)
+        vocab = logits.shape[-1]
+        k_host = k.cpu()  # R ints; the logits stay on the device
+        off = k_host >= vocab
+        big = (k_host > self.MAX_K) & ~off
+        if not off.any() and not big.any():
+            return self._op(logits, p, k)
+        out = torch.empty_like(logits)
+        for rows, kind in ((~off & ~big, "k"), (off, "p"), (big, "ref")):
+            if not rows.any():
+                continue
+            idx = torch.nonzero(rows).flatten().to(logits.device)
+            rows_logits = logits.index_select(0, idx)
+            sub_p = None if p is None else p.index_select(0, idx)
+            if kind == "k":
+                part = self._op(rows_logits, sub_p, k.index_select(0, idx))
+            elif kind == "p":
+                part = rows_logits if sub_p is None else self._op(rows_logits, sub_p, None)
+            else:
+                part = apply_top_k_top_p(rows_logits, k.index_select(0, idx), sub_p)
+            out.index_copy_(0, idx, part)
+        return out
+
+    def _op(self, logits, p, k):
+        p = None if p is None else p.to(logits.dtype)
+        k = None if k is None else k.to(torch.int32)
         if self.custom_top_k_top_p is not None:
-            return self.custom_top_k_top_p(logits, p.to(logits.dtype), k.to(torch.int32))
-        return self.torch_npu.npu_top_k_top_p(logits, p.to(logits.dtype), k.to(torch.int32))
+            return self.custom_top_k_top_p(logits, p, k)
+        return self.torch_npu.npu_top_k_top_p(logits, p, k)

@@ -39,12 +39,12 @@ def plain_attention(q, k_cache, v_cache, block_table, q_lens, kv_lens, scale, kv
     return out
 
 
-def _setup(q_lens, kv_lens, N=4, KV=2, D=64, bs=128, nb=8, seed=0):
+def _setup(q_lens, kv_lens, N=4, KV=2, D=128, bs=128, nb=8, seed=0, dtype=torch.bfloat16):
     g = torch.Generator().manual_seed(seed)
     T = sum(q_lens)
-    q = torch.randn(T, N, D, generator=g)
-    kc = torch.randn(nb, bs, KV, D, generator=g)
-    vc = torch.randn(nb, bs, KV, D, generator=g)
+    q = torch.randn(T, N, D, generator=g).to(dtype)
+    kc = torch.randn(nb, bs, KV, D, generator=g).to(dtype)
+    vc = torch.randn(nb, bs, KV, D, generator=g).to(dtype)
     width = max((k + bs - 1) // bs for k in kv_lens)
     perm = torch.randperm(nb - 1, generator=g) + 1
     bt = torch.zeros(len(q_lens), width, dtype=torch.int32)
@@ -68,12 +68,35 @@ def _fia(q, kc, vc, bt, q_lens, kv_lens, **over):
                                                      **{k: v for k, v in kw.items() if k != "key"})[0]
 
 
-def test_fia_matches_plain_attention_mixed_batch():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("D", [128, 64])
+def test_fia_matches_plain_attention_mixed_batch(dtype, D):
+    """float16/bfloat16 inputs, head dim 128 (the documented TND case) and 64 (CANN-version dependent): the
+    output is the float64 attention of those inputs up to one rounding to the 16-bit dtype."""
     q_lens, kv_lens = [5, 1, 3], [5, 200, 131]    # a prefill, a decode, a chunk over a cached prefix
-    q, kc, vc, bt = _setup(q_lens, kv_lens)
+    q, kc, vc, bt = _setup(q_lens, kv_lens, D=D, dtype=dtype)
     out = _fia(q, kc, vc, bt, q_lens, kv_lens).cpu()
-    ref = plain_attention(q, kc, vc, bt.tolist(), q_lens, kv_lens, 64 ** -0.5, kv_heads=2)
-    assert torch.allclose(out, ref, atol=1e-5)
+    assert out.dtype == dtype
+    ref = plain_attention(q.double(), kc.double(), vc.double(), bt.tolist(), q_lens, kv_lens, D ** -0.5, kv_heads=2)
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2 ** -7)
+
+
+def test_fia_refuses_float32_queries():
+    """FIA takes float16 / bfloat16 (or int8) queries only (torch_npu docs: query): a float32 model would fail on
+    the first real step."""
+    q_lens, kv_lens = [2], [2]
+    q, kc, vc, bt = _setup(q_lens, kv_lens, dtype=torch.float32)
+    with pytest.raises(NPUOpError, match="query dtype torch.float32 is not supported"):
+        _fia(q, kc, vc, bt, q_lens, kv_lens)
+
+
+def test_fia_refuses_arguments_it_does_not_have_and_features_not_emulated():
+    q_lens, kv_lens = [2], [2]
+    q, kc, vc, bt = _setup(q_lens, kv_lens)
+    with pytest.raises(TypeError, match="no_such_argument"):
+        _fia(q, kc, vc, bt, q_lens, kv_lens, no_such_argument=1)
+    with pytest.raises(NPUOpError, match="antiquant_scale is not emulated"):
+        _fia(q, kc, vc, bt, q_lens, kv_lens, antiquant_scale=npu(torch.ones(2)))
 
 
 @pytest.mark.parametrize("name,over,match", [
@@ -116,7 +139,7 @@ def test_fia_constraints(name, over, match):
 def test_fia_rejects_head_dims_tnd_does_not_take():
     q_lens, kv_lens = [2], [2]
     q, kc, vc, bt = _setup(q_lens, kv_lens, D=32)
-    with pytest.raises(NPUOpError, match="head dim"):
+    with pytest.raises(NPUOpError, match="head dim 128 \\(64 on some CANN versions\\), got 32"):
         _fia(q, kc, vc, bt, q_lens, kv_lens)
 
 
@@ -130,6 +153,8 @@ def test_cache_writes_match_plain_writes(writer):
         torch_npu.npu_scatter_pa_kv_cache(npu(k), npu(v), kc, vc, npu(slots), cache_mode="Norm")
     else:
         torch_npu._npu_reshape_and_cache(npu(k), npu(v), kc, vc, npu(slots))
+        with pytest.raises(NPUOpError, match="slot_indices must be int32"):  # the ATB op takes int32 slots
+            torch_npu._npu_reshape_and_cache(npu(k), npu(v), kc, vc, npu(slots.long()))
     ref_k, ref_v = torch.zeros(4, 128, 2, 64), torch.zeros(4, 128, 2, 64)
     for i, s in enumerate(slots.tolist()):
         ref_k[s // 128, s % 128] = k[i]
@@ -159,6 +184,16 @@ def test_cache_write_constraints(case, match):
     s = slots if case == "host" else npu(slots)
     with pytest.raises(NPUOpError, match=match):
         torch_npu.npu_scatter_pa_kv_cache(k, v, kc, vc, s, **kw)
+
+
+def test_scatter_takes_its_documented_keywords_only():
+    k, v = npu(torch.randn(3, 2, 64)), npu(torch.randn(3, 2, 64))
+    kc, vc = npu(torch.zeros(4, 128, 2, 64)), npu(torch.zeros(4, 128, 2, 64))
+    s = npu(torch.tensor([1, 2, 3], dtype=torch.int32))
+    with pytest.raises(TypeError, match="compress_seq_offset"):  # the real name is compress_seq_offsets
+        torch_npu.npu_scatter_pa_kv_cache(k, v, kc, vc, s, compress_seq_offset=None, cache_mode="Norm")
+    with pytest.raises(NPUOpError, match="compress_seq_offsets is not emulated"):
+        torch_npu.npu_scatter_pa_kv_cache(k, v, kc, vc, s, compress_seq_offsets=s, cache_mode="Norm")
 
 
 def test_norms_rotary_swiglu_match_their_formulas():
@@ -204,10 +239,25 @@ def test_top_k_top_p_matches_the_documented_algorithm():
         out = torch_npu.npu_top_k_top_p(npu(logits), npu(torch.full((2,), p)), npu(torch.full((2,), k, dtype=torch.int32)))
         for r in range(2):
             assert out.cpu()[r].tolist() == pytest.approx(_plain_top_k_top_p(logits[r].tolist(), k, p))
-    with pytest.raises(NPUOpError, match="k must be >= 1"):
-        torch_npu.npu_top_k_top_p(npu(logits), None, npu(torch.zeros(2, dtype=torch.int32)))
-    with pytest.raises(NPUOpError, match="int32"):
-        torch_npu.npu_top_k_top_p(npu(logits), None, npu(torch.ones(2, dtype=torch.int64)))
+    out = torch_npu.npu_top_k_top_p(npu(logits), npu(torch.full((2,), 0.5)), None)  # top-p alone: k = None
+    for r in range(2):
+        assert out.cpu()[r].tolist() == pytest.approx(_plain_top_k_top_p(logits[r].tolist(), 6, 0.5))
+
+
+@pytest.mark.parametrize("p,k,match", [
+    (None, [0, 1], r"k must be in \[1, 1024\]"),              # k = 0 is not "no top-k"
+    (None, [6, 7], r"<= vocab \(6\)"),                          # k = vocab + 1
+    (None, [1025, 3], r"\[1, 1024\]"),                          # past the documented range (big vocabularies)
+    (None, "int64", "int32"),
+    (None, None, "must not both be None"),
+    ([1.5, 0.5], None, r"p must be in \[0, 1\]"),
+])
+def test_top_k_top_p_enforces_its_documented_ranges(p, k, match):
+    logits = npu(torch.randn(2, 6))
+    kk = None if k is None else npu(torch.ones(2, dtype=torch.int64) if k == "int64" else torch.tensor(k, dtype=torch.int32))
+    pp = None if p is None else npu(torch.tensor(p))
+    with pytest.raises(NPUOpError, match=match):
+        torch_npu.npu_top_k_top_p(logits, pp, kk)
 
 
 def test_device_semantics():
@@ -232,3 +282,32 @@ def test_npu_sampler_picks_the_custom_operator_only_when_installed(monkeypatch, 
     logits = npu(torch.tensor([[1.0, 3.0, 2.0, 0.0]]))
     out = ops.top_k_top_p(logits, npu(torch.tensor([2])), None).cpu()  # falls back to npu_top_k_top_p
     assert out.tolist() == [[-math.inf, 3.0, 2.0, -math.inf]]
+
+
+def test_npu_sampler_keeps_top_k_within_the_operators_range(monkeypatch):
+    """NpuOps.top_k_top_p hands npu_top_k_top_p only k in [1, 1024]: rows without top-k (k = vocab) go with
+    k = None, rows asking for more than 1024 through the reference algorithm; every row equals the reference."""
+    from rtp_llm.device.npu.ops import NpuOps
+    from rtp_llm.device.torch_ops import apply_top_k_top_p
+
+    monkeypatch.delenv("ASCEND_CUSTOM_OPP_PATH", raising=False)
+    ops = NpuOps()
+    g = torch.Generator().manual_seed(4)
+    vocab = 3000
+    logits = torch.randn(5, vocab, generator=g) * 3
+    k = torch.tensor([5, vocab, 2000, 1024, vocab])      # top-k, off, past the op's range, its limit, off
+    p = torch.tensor([0.9, 0.8, 0.7, 0.5, 1.0])
+    seen = []
+    real = torch_npu.npu_top_k_top_p
+
+    def watched(lg, pp, kk):
+        seen.append((lg.shape[0], None if kk is None else kk.cpu().tolist()))
+        return real(lg, pp, kk)
+
+    monkeypatch.setattr(ops.torch_npu, "npu_top_k_top_p", watched)
+    out = ops.top_k_top_p(npu(logits), npu(k), npu(p)).cpu()
+    assert torch.equal(out, apply_top_k_top_p(logits, k, p))
+    assert sorted(seen, key=str) == sorted([(2, [5, 1024]), (2, None)], key=str)
+    seen.clear()
+    assert torch.equal(ops.top_k_top_p(npu(logits), None, npu(p)).cpu(), apply_top_k_top_p(logits, None, p))
+    assert seen == [(5, None)]

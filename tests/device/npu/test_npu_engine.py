@@ -1,6 +1,14 @@
-"""The whole engine on the emulated NPU (--device npu on CPU): greedy tokens identical to the CPU
-backend and to transformers; the seed's pitfalls reintroduced one by one are caught; the NPU path
-neither reshuffles the cache nor copies KV or logits to the host."""
+"""The whole engine on the emulated NPU (--device npu on CPU), in bfloat16 as on a real NPU (its fused attention
+takes no float32): greedy tokens agree with transformers in bfloat16 and with the CPU backend in bfloat16 under the
+bf16 rule below; the seed's pitfalls reintroduced one by one are caught; the NPU path neither reshuffles the cache
+nor copies KV or logits to the host.
+
+The bf16 rule: two bf16 computations of the same model round differently (kernels sum in other orders), so they
+may pick different greedy tokens only where the top-2 logit gap is within the rounding's reach, MARGIN_ULPS bf16
+units (2^-8 relative) of the largest |logit|. Against transformers every token is checked teacher-forced: its
+logit must be within that margin of the reference's maximum, which forces the exact argmax wherever the gap is
+larger. Against the CPU backend the two token streams must agree up to their first difference, and that difference
+must sit at a near tie of the NPU's own distribution."""
 
 import dataclasses
 
@@ -26,8 +34,39 @@ MAX_TOKENS = [12, 20, 8, 16]
 ARRIVALS = [0, 0, 6, 3]  # request 2 arrives after request 0 has filled its first block
 
 
-def greedy(n):
-    return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+MARGIN_ULPS = 4
+BF16_REL = 2.0 ** -8
+
+
+def greedy(n, logprobs=2):
+    return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, logprobs=logprobs)
+
+
+def assert_transformers_agree(hf_bf16, prompt, tokens):
+    """Teacher-forced: each token's bf16 transformers logit is within the rounding margin of the maximum. Returns
+    how many positions had a gap larger than the margin (where the argmax itself was required)."""
+    with torch.no_grad():
+        logits = hf_bf16(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
+    margin = MARGIN_ULPS * BF16_REL * float(logits.abs().max())
+    strict = 0
+    for j, t in enumerate(tokens):
+        top2 = logits[j].topk(2).values
+        assert float(top2[0] - logits[j, t]) <= margin, (j, t, float(top2[0]), float(logits[j, t]), margin)
+        strict += float(top2[0] - top2[1]) > margin
+    return strict
+
+
+def assert_engines_agree(a, b):
+    """Greedy outputs of two engines (CompletionOutputs with top-2 logprobs): equal up to the first difference,
+    which must be a near tie of a's distribution. Returns the tokens compared."""
+    for j, (x, y) in enumerate(zip(a.token_ids, b.token_ids)):
+        if x != y:
+            top = a.logprobs[j].top
+            gap = top[0][1] - dict(top).get(y, top[1][1])
+            margin = MARGIN_ULPS * BF16_REL * max(abs(top[0][1]), 1.0)
+            assert gap <= margin, (j, x, y, top, margin)
+            return j
+    return len(a.token_ids)
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +76,8 @@ def tok():
 
 def engine(path, tok, device, **kw):
     args = dict(device=device, num_blocks=24, max_model_len=512, max_num_batched_tokens=512)
+    if device == "cpu":  # the CPU reference in the NPU's dtype
+        args.update(dtype="bfloat16", block_size=16, num_blocks=200)
     args.update(kw)
     return driver(EngineConfig(model=str(path), **args), tokenizer=tok)
 
@@ -45,68 +86,96 @@ def staggered(eng):
     return run_all(eng, [(ARRIVALS[i], f"r{i}", PROMPTS[i], greedy(MAX_TOKENS[i])) for i in range(len(PROMPTS))])
 
 
-def hf_greedy(hf, prompt, n):
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                          max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
 def test_auto_picks_the_npu_and_npu_block_sizes_are_validated(tmp_path, tok):
     assert resolve_device("auto") == "npu"
-    make_checkpoint(tmp_path, "llama_hd64")
+    make_checkpoint(tmp_path, "llama_hd128")
     with pytest.raises(ValueError, match="block_size 16 is not supported on NPU"):
         engine(tmp_path, tok, "npu", block_size=16)
 
 
-@pytest.mark.parametrize("variant", ["qwen3_hd64", "qwen2_hd64", "llama_hd64"])
+def test_the_npu_runs_16_bit_whatever_the_checkpoint_stores(tmp_path, tok, caplog):
+    """A float32 checkpoint (or a GGUF, dequantized to float32) runs in bfloat16 on the NPU, weights, activations
+    and KV cache, and the log says so; an explicit float32 is refused in one line; float16 is taken as asked."""
+    make_checkpoint(tmp_path, "qwen3_hd128")  # transformers saves float32
+    with caplog.at_level("INFO"):
+        eng = engine(tmp_path, tok, "npu")
+    assert eng.runner.model.dtype == torch.bfloat16 and eng.runner.kv.dtype == torch.bfloat16
+    assert any("run in bfloat16" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ValueError, match="--dtype float32: the NPU runs bfloat16 or float16"):
+        engine(tmp_path, tok, "npu", dtype="float32")
+    assert engine(tmp_path, tok, "npu", dtype="float16").runner.model.dtype == torch.float16
+    # the CPU keeps what the checkpoint stores
+    assert engine(tmp_path, tok, "cpu", dtype="auto").runner.model.dtype == torch.float32
+
+
+@pytest.mark.parametrize("variant", ["qwen3_hd128", "qwen2_hd128", "llama_hd128", "qwen3_hd64", "llama_hd64"])
 @pytest.mark.parametrize("chunk", [None, 37])
-def test_tiny_models_match_cpu_and_transformers(tmp_path, tok, variant, chunk):
-    hf = make_checkpoint(tmp_path, variant)
-    hf.generation_config.eos_token_id = None
+def test_tiny_models_agree_with_transformers_and_cpu_in_bf16(tmp_path, tok, variant, chunk):
+    hf = make_checkpoint(tmp_path, variant).to(torch.bfloat16)
     npu_eng = engine(tmp_path, tok, "npu", max_prefill_chunk=chunk)
     assert npu_eng.runner.attn.name == "ascend" and npu_eng.block_size == 128
     on_npu = staggered(npu_eng)
-    on_cpu = staggered(engine(tmp_path, tok, "cpu", block_size=16, num_blocks=200, max_prefill_chunk=chunk))
+    on_cpu = staggered(engine(tmp_path, tok, "cpu", max_prefill_chunk=chunk))
+    strict = compared = 0
     for i, prompt in enumerate(PROMPTS):
-        ours = on_npu[f"r{i}"].outputs[0].token_ids
-        assert ours == on_cpu[f"r{i}"].outputs[0].token_ids, f"request {i}"
-        assert ours == hf_greedy(hf, prompt, MAX_TOKENS[i]), f"request {i}"
+        ours = on_npu[f"r{i}"].outputs[0]
+        strict += assert_transformers_agree(hf, prompt, ours.token_ids)
+        compared += assert_engines_agree(ours, on_cpu[f"r{i}"].outputs[0])
+    total = sum(MAX_TOKENS)
+    # not vacuous: most positions' gaps exceed the margin (the argmax itself was required there), and most
+    # tokens were compared with the CPU's before any near tie let the streams part
+    assert strict >= total // 2 and compared >= total // 2, (strict, compared, total)
     # Request 2 shared two 128-token blocks with request 0: a prefix hit on the NPU path.
     assert on_npu["r2"].num_cached_tokens == 128
     assert npu_eng.stats()["kv_used_blocks"] == 0
 
 
 def test_preemption_on_the_npu(tmp_path, tok):
-    hf = make_checkpoint(tmp_path, "llama_hd64")
+    hf = make_checkpoint(tmp_path, "llama_hd128").to(torch.bfloat16)
     # 3 usable blocks of 128; two 120-token prompts each cross into a second block while decoding.
     eng = engine(tmp_path, tok, "npu", num_blocks=4, max_model_len=256)
     prompts = [SHARED[:120], list(range(10, 130))]
     done = run_all(eng, [(0, f"p{i}", p, greedy(20)) for i, p in enumerate(prompts)])
     assert eng.scheduler.num_preemptions > 0
     for i, prompt in enumerate(prompts):
-        assert done[f"p{i}"].outputs[0].token_ids == hf_greedy(hf, prompt, 20)
+        assert_transformers_agree(hf, prompt, done[f"p{i}"].outputs[0].token_ids)
+    # and the preempted request's tokens are those it gets alone
+    alone = run_all(engine(tmp_path, tok, "npu", num_blocks=8, max_model_len=256), [(0, "a", prompts[1], greedy(20))])
+    assert alone["a"].outputs[0].token_ids == done["p1"].outputs[0].token_ids
 
 
-def test_smollm2_on_the_npu_matches_cpu(tok):
+def test_smollm2_on_the_npu_agrees_with_transformers_and_cpu_in_bf16(tok):
+    """The embedded GGUF (dequantized to float32 at load) runs in bfloat16 on the NPU: teacher-forced against
+    transformers loading the same GGUF in bf16, and against the CPU backend in bf16. (Its first answer token is
+    a near tie in bf16: the NPU may open with another word than the CPU; the rule allows exactly that.)"""
+    import os
+
+    from transformers import AutoModelForCausalLM
+
     path = default_model_path()
+    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                              dtype=torch.bfloat16).eval()
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]))
                for q in ("What is the capital of France?", "Name a color.")]
     res = {}
     for dev in ("npu", "cpu"):
-        eng = driver(EngineConfig(model=path, device=dev, max_model_len=512, num_blocks=16 if dev == "npu" else 128),
-                     tokenizer=tok)
+        eng = driver(EngineConfig(model=path, device=dev, max_model_len=512, num_blocks=16 if dev == "npu" else 128,
+                                  dtype="auto" if dev == "npu" else "bfloat16"), tokenizer=tok)
+        assert eng.runner.model.dtype == torch.bfloat16
         out = run_all(eng, [(i, f"p{i}", p, greedy(12)) for i, p in enumerate(prompts)])
-        res[dev] = [out[f"p{i}"].outputs[0].token_ids for i in range(len(prompts))]
-    assert res["npu"] == res["cpu"]
-    assert "Paris" in tok.decode(res["npu"][0])
+        res[dev] = [out[f"p{i}"].outputs[0] for i in range(len(prompts))]
+    strict = 0
+    for prompt, a, b in zip(prompts, res["npu"], res["cpu"]):
+        strict += assert_transformers_agree(hf, prompt, a.token_ids)
+        assert_engines_agree(a, b)
+    assert strict >= 12
 
 
 def test_no_cache_reshuffle_and_no_host_copy_of_kv_or_logits(tmp_path, tok):
-    make_checkpoint(tmp_path, "qwen3_hd64")
+    make_checkpoint(tmp_path, "qwen3_hd128")
     eng = engine(tmp_path, tok, "npu")
-    eng.add_request("a", PROMPTS[0], greedy(4))
-    eng.add_request("b", PROMPTS[1], greedy(4))
+    eng.add_request("a", PROMPTS[0], greedy(4, logprobs=None))
+    eng.add_request("b", PROMPTS[1], greedy(4, logprobs=None))
     vocab = eng.model_config.vocab_size
     with torch_npu.monitor(watch=(eng.runner.kv.buffer,)) as records:
         while eng.has_unfinished():
@@ -174,16 +243,18 @@ class _Pitfall(AscendAttention):
     ("noncontiguous_cache", "contiguous"),
 ])
 def test_each_pitfall_is_caught(tmp_path, tok, kind, match):
-    hf = make_checkpoint(tmp_path, "llama_hd64")
+    make_checkpoint(tmp_path, "llama_hd128")
+    prompts = [SHARED[:259], list(range(5, 205)), SHARED[:40]]
+    right = run_all(engine(tmp_path, tok, "npu", num_blocks=40),
+                    [(0, f"p{i}", p, greedy(3, logprobs=None)) for i, p in enumerate(prompts)])
     eng = engine(tmp_path, tok, "npu", num_blocks=40)
     pit = _Pitfall(eng.runner.attn.num_heads, eng.runner.attn.num_kv_heads, eng.runner.attn.head_dim,
                    eng.runner.attn.scale, eng.block_size)
     pit.kind = kind
     eng.runner.attn = pit
     # three sequences in one step; cumulative KV lengths (259, 459, 499) overrun the 3-block table rows
-    prompts = [SHARED[:259], list(range(5, 205)), SHARED[:40]]
     for i, p in enumerate(prompts):
-        eng.add_request(f"p{i}", p, greedy(3))
+        eng.add_request(f"p{i}", p, greedy(3, logprobs=None))
     if match is not None:
         outs = []
         while eng.has_unfinished():
@@ -196,5 +267,6 @@ def test_each_pitfall_is_caught(tmp_path, tok, kind, match):
             for o in eng.step():
                 if o.finished:
                     done[o.request_id] = o.outputs[0].token_ids
-        # The op runs, but the emulator computes the documented math over one key too few: wrong tokens.
-        assert [done[f"p{i}"] for i in range(len(prompts))] != [hf_greedy(hf, p, 3) for p in prompts]
+        # The op runs, but the emulator computes the documented math over one key too few: other tokens.
+        assert [done[f"p{i}"] for i in range(len(prompts))] != [right[f"p{i}"].outputs[0].token_ids
+                                                                 for i in range(len(prompts))]

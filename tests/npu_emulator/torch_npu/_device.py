@@ -135,7 +135,8 @@ def _dispatch(func, args, kwargs):
 
     def rewrap(o):
         if isinstance(o, torch.Tensor) and not isinstance(o, NPUTensor):
-            return by_id.get(id(o)) or wrap(o)  # in-place ops hand back the tensor they mutated
+            mutated = by_id.get(id(o))  # in-place ops hand back the tensor they mutated
+            return mutated if mutated is not None else wrap(o)
         return o
 
     return tree_map(rewrap, out)

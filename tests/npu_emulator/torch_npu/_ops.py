@@ -1,5 +1,16 @@
-"""Emulated torch_npu operators: the documented math, computed on the CPU data of npu tensors, and
-the documented constraints, raised as the real operators would (messages name the argument)."""
+"""Emulated torch_npu operators: the documented math, computed on the CPU data of npu tensors, and the documented
+constraints, raised as the real operators would (messages name the argument).
+
+Sources, cited beside each check as [docs] / [schema] / [atb] / [vllm-ascend]:
+- [docs]: the operator docs torch_npu 2.13.0 ships (torch_npu/_op_plugin_docs.py, from op-plugin's
+  docs/zh/custom_APIs/torch_npu/*.md), the pairing of the pinned torch 2.13.0;
+- [schema]: its schemas (torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml, op-plugin's
+  op_plugin_functions.yaml): names, kinds and defaults of every parameter; tests/device/npu/test_torch_npu_api.py
+  holds these functions' signatures to them;
+- [atb]: the ATB ReshapeAndCache operation doc and torch_npu's AtbOpsInterface.h (_npu_reshape_and_cache);
+- [vllm-ascend]: how vllm-ascend calls the operator (attention_v1.py), where the docs leave a case open.
+Where the documents disagree or are silent, the emulator refuses rather than guesses.
+"""
 
 from __future__ import annotations
 
@@ -39,13 +50,41 @@ def _int_list(op: str, name: str, values) -> list[int]:
     return [int(v) for v in values]
 
 
+def _not_emulated(op: str, **features) -> None:
+    """Documented inputs this engine never passes: refused, so a call that starts passing one is noticed here."""
+    for name, value in features.items():
+        if value is not None:
+            raise NPUOpError(op, f"{name} is not emulated (the engine does not use it)")
+
+
 # --- attention ---------------------------------------------------------------------------------------
+# Head dims of the TND layout: 128 is the documented case [docs: "TND ... D = 128"]; 64 is accepted by some CANN
+# versions only (older error messages list it): allowed here, flagged as CANN-version dependent in the README.
+TND_HEAD_DIMS = (128, 64)
+
+
 def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_lengths=None,
-                                    actual_seq_lengths_kv=None, block_table=None, num_heads=1, scale=1.0,
+                                    actual_seq_lengths_kv=None, dequant_scale1=None, quant_scale1=None,
+                                    dequant_scale2=None, quant_scale2=None, quant_offset2=None, antiquant_scale=None,
+                                    antiquant_offset=None, block_table=None, query_padding_size=None,
+                                    kv_padding_size=None, key_antiquant_scale=None, key_antiquant_offset=None,
+                                    value_antiquant_scale=None, value_antiquant_offset=None, key_shared_prefix=None,
+                                    value_shared_prefix=None, actual_shared_prefix_len=None, query_rope=None,
+                                    key_rope=None, key_rope_antiquant_scale=None, num_heads=1, scale=1.0,
                                     pre_tokens=2147483647, next_tokens=2147483647, input_layout="BSH",
                                     num_key_value_heads=0, sparse_mode=0, inner_precise=0, block_size=0,
-                                    softmax_lse_flag=False, **unused):
+                                    antiquant_mode=0, softmax_lse_flag=False, key_antiquant_mode=0,
+                                    value_antiquant_mode=0):
     op = "npu_fused_infer_attention_score"
+    _not_emulated(op, pse_shift=pse_shift, dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
+                  dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2,
+                  antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
+                  query_padding_size=query_padding_size, kv_padding_size=kv_padding_size,
+                  key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
+                  value_antiquant_scale=value_antiquant_scale, value_antiquant_offset=value_antiquant_offset,
+                  key_shared_prefix=key_shared_prefix, value_shared_prefix=value_shared_prefix,
+                  actual_shared_prefix_len=actual_shared_prefix_len, query_rope=query_rope, key_rope=key_rope,
+                  key_rope_antiquant_scale=key_rope_antiquant_scale)
     if input_layout != "TND":
         raise NPUOpError(op, f"the emulator implements input_layout 'TND' only, got {input_layout!r}")
     q = _on_npu(op, "query", query)
@@ -55,7 +94,9 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
         raise NPUOpError(op, f"query must be 3-D [T, N, D] for TND, got {tuple(q.shape)}")
     _contiguous(op, "query", q)
     T, N, D = q.shape
-    if not (q.dtype == k.dtype == v.dtype):
+    if q.dtype not in (torch.float16, torch.bfloat16):  # [docs] query: float16, bfloat16, int8
+        raise NPUOpError(op, f"query dtype {q.dtype} is not supported: float16 or bfloat16 (no float32)")
+    if not (q.dtype == k.dtype == v.dtype):  # [docs] paged KV in the query's float dtype
         raise NPUOpError(op, f"query/key/value dtypes must be equal, got {q.dtype}, {k.dtype}, {v.dtype}")
     kv_n = num_key_value_heads or num_heads
     if num_heads != N:
@@ -65,8 +106,8 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
                              "(N <= 256, N % KV_N == 0, N / KV_N <= 64)")
     if D > 512 or (D * q.element_size()) % 16:
         raise NPUOpError(op, f"head dim {D} must be <= 512 and 16-byte aligned")
-    if D not in (64, 128):
-        raise NPUOpError(op, f"TND layout supports head dim 128 (and 64), got {D}")
+    if D not in TND_HEAD_DIMS:
+        raise NPUOpError(op, f"TND layout supports head dim 128 (64 on some CANN versions), got {D}")
     if actual_seq_lengths is None:
         raise NPUOpError(op, "actual_seq_lengths is required for TND")
     q_cum = _int_list(op, "actual_seq_lengths", actual_seq_lengths)
@@ -166,43 +207,51 @@ def _cache_write(op, key, value, key_cache, value_cache, slots):
         raise NPUOpError(op, f"caches must be ND [num_blocks, block_size, KV_N, D] matching key, got {tuple(kc.shape)}")
     if not (k.dtype == v.dtype == kc.dtype == vc.dtype):
         raise NPUOpError(op, "key, value and cache dtypes must be equal")
-    if s.dtype not in (torch.int32, torch.int64) or s.dim() != 1 or s.shape[0] != k.shape[0]:
+    if s.dtype not in (torch.int32, torch.int64) or s.dim() != 1 or s.shape[0] != k.shape[0]:  # [docs]
         raise NPUOpError(op, f"slot_mapping must be int32/int64 [T={k.shape[0]}], got {s.dtype} {tuple(s.shape)}")
     total = kc.shape[0] * kc.shape[1]
     if s.numel() and (int(s.min()) < 0 or int(s.max()) >= total):
         raise NPUOpError(op, f"slot_mapping values must be in [0, {total - 1}]")
-    if s.unique().numel() != s.numel():
+    if s.unique().numel() != s.numel():  # [docs] "重复时不保证正确性": refused, not left to chance
         raise NPUOpError(op, "slot_mapping values must be unique")
     kc.view(total, *kc.shape[2:])[s.long()] = k
     vc.view(total, *vc.shape[2:])[s.long()] = v
 
 
 def npu_scatter_pa_kv_cache(key, value, key_cache, value_cache, slot_mapping, *, compress_lens=None,
-                            compress_seq_offset=None, seq_lens=None, cache_mode="PA_NZ"):
+                            compress_seq_offsets=None, seq_lens=None, cache_mode="PA_NZ"):
     op = "npu_scatter_pa_kv_cache"
-    if cache_mode != "Norm":
+    _not_emulated(op, compress_lens=compress_lens, compress_seq_offsets=compress_seq_offsets, seq_lens=seq_lens)
+    if cache_mode not in ("Norm", None):  # [docs] None or 'Norm': ND caches; 'PA_NZ' (the default): NZ only
         raise NPUOpError(op, f"cache_mode {cache_mode!r} expects FRACTAL_NZ caches; ND caches "
                              "[num_blocks, block_size, KV_N, D] need cache_mode='Norm'")
     _cache_write(op, key, value, key_cache, value_cache, slot_mapping)
 
 
 def _npu_reshape_and_cache(key, value, key_cache, value_cache, slot_indices):
-    _cache_write("_npu_reshape_and_cache", key, value, key_cache, value_cache, slot_indices)
+    op = "_npu_reshape_and_cache"
+    s = _on_npu(op, "slot_indices", slot_indices)
+    if s.dtype != torch.int32:  # [atb] ReshapeAndCache: slotmapping int32 ([vllm-ascend] casts before the call)
+        raise NPUOpError(op, f"slot_indices must be int32, got {s.dtype}")
+    _cache_write(op, key, value, key_cache, value_cache, slot_indices)
 
 
 # --- norms, rotary, activation ---------------------------------------------------------------------------
-def npu_rms_norm(x, gamma, epsilon=1e-6):
+def npu_rms_norm(self, gamma, epsilon=1e-6):
     op = "npu_rms_norm"
-    xi, g = _on_npu(op, "x", x), _on_npu(op, "gamma", gamma)
+    xi, g = _on_npu(op, "self", self), _on_npu(op, "gamma", gamma)
+    if xi.dtype not in _FLOAT_DTYPES or g.dtype != xi.dtype:  # [docs] float16/bfloat16/float32, gamma = self's
+        raise NPUOpError(op, f"self and gamma must share a dtype of float16/bfloat16/float32, got {xi.dtype}, "
+                             f"{g.dtype}")
     if g.shape[-1] != xi.shape[-1] or g.dim() != 1:
-        raise NPUOpError(op, f"gamma {tuple(g.shape)} must be 1-D over the last dim of x {tuple(xi.shape)}")
+        raise NPUOpError(op, f"gamma {tuple(g.shape)} must be 1-D over the last dim of self {tuple(xi.shape)}")
     xf = xi.float()
     rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + epsilon)
     y = (g.float() * (xf * rstd)).to(xi.dtype) if xi.dtype != torch.float32 else g * (xf * rstd)
     return wrap(y), wrap(rstd)
 
 
-def npu_add_rms_norm(x1, x2, gamma, epsilon=1e-6):
+def npu_add_rms_norm(x1, x2, gamma, epsilon=1e-6):  # [schema] (x1, x2, gamma, epsilon) -> (y, rstd, x)
     op = "npu_add_rms_norm"
     a, b = _on_npu(op, "x1", x1), _on_npu(op, "x2", x2)
     if a.shape != b.shape or a.dtype != b.dtype:
@@ -212,15 +261,18 @@ def npu_add_rms_norm(x1, x2, gamma, epsilon=1e-6):
     return y, rstd, s
 
 
-def npu_rotary_mul(x, r1, r2, rotary_mode="half"):
+def npu_rotary_mul(self, r1, r2, rotary_mode="half", rotate=None):
     op = "npu_rotary_mul"
-    xi, c, s = _on_npu(op, "x", x), _on_npu(op, "r1", r1), _on_npu(op, "r2", r2)
+    _not_emulated(op, rotate=rotate)
+    xi, c, s = _on_npu(op, "self", self), _on_npu(op, "r1", r1), _on_npu(op, "r2", r2)
     if rotary_mode != "half":
         raise NPUOpError(op, f"the emulator implements rotary_mode 'half', got {rotary_mode!r}")
-    if xi.dim() != 4 or c.dim() != 4 or s.dim() != 4:
-        raise NPUOpError(op, "x, r1 and r2 must be 4-D")
-    if c.shape[-1] != xi.shape[-1] or xi.shape[-1] % 2:
-        raise NPUOpError(op, f"last dims must match and be even: x {tuple(xi.shape)}, r1 {tuple(c.shape)}")
+    if xi.dim() != 4 or c.dim() != 4 or s.dim() != 4:  # [docs] 4-D (BNSD, BSND or SBND)
+        raise NPUOpError(op, "self, r1 and r2 must be 4-D")
+    if c.shape[-1] != xi.shape[-1] or xi.shape[-1] % 2 or xi.shape[-1] >= 896:  # [docs] D < 896, even
+        raise NPUOpError(op, f"last dims must match, be even and < 896: self {tuple(xi.shape)}, r1 {tuple(c.shape)}")
+    if not (xi.dtype == c.dtype == s.dtype):
+        raise NPUOpError(op, f"self, r1 and r2 must share a dtype, got {xi.dtype}, {c.dtype}, {s.dtype}")
     try:
         torch.broadcast_shapes(xi.shape, c.shape, s.shape)
     except RuntimeError:
@@ -230,9 +282,9 @@ def npu_rotary_mul(x, r1, r2, rotary_mode="half"):
     return wrap(xi * c + rot * s)
 
 
-def npu_swiglu(x, dim=-1):
+def npu_swiglu(self, dim=-1):
     op = "npu_swiglu"
-    xi = _on_npu(op, "x", x)
+    xi = _on_npu(op, "self", self)
     if xi.shape[dim] % 2:
         raise NPUOpError(op, f"dim {dim} has odd size {xi.shape[dim]}")
     a, b = xi.chunk(2, dim=dim)
@@ -245,20 +297,25 @@ def npu_top_k_top_p(logits, p=None, k=None):
     survive); top-p on the survivors masks cumsum(softmax) <= 1 - p, always keeping the largest."""
     op = "npu_top_k_top_p"
     x = _on_npu(op, "logits", logits)
-    if x.dim() != 2 or x.dtype not in _FLOAT_DTYPES:
+    if x.dim() != 2 or x.dtype not in _FLOAT_DTYPES:  # [docs] 2-D bfloat16/float16/float32
         raise NPUOpError(op, f"logits must be 2-D float32/float16/bfloat16, got {x.dim()}-D {x.dtype}")
+    if p is None and k is None:  # [docs] "不支持p和k同时传None"
+        raise NPUOpError(op, "p and k must not both be None")
     batch, vocab = x.shape
     kk = pp = None
     if k is not None:
         kk = _on_npu(op, "k", k)
-        if kk.dtype != torch.int32 or kk.dim() != 1 or kk.shape[0] != batch:
+        if kk.dtype != torch.int32 or kk.dim() != 1 or kk.shape[0] != batch:  # [docs] int32, 1-D, [batch]
             raise NPUOpError(op, f"k must be int32 [batch={batch}], got {kk.dtype} {tuple(kk.shape)}")
-        if int(kk.min()) < 1:
-            raise NPUOpError(op, "k must be >= 1 (k = 0 / -1 are unsupported; pass k = vocab for no top-k)")
+        lo, hi = int(kk.min()), int(kk.max())
+        if lo < 1 or hi > 1024 or hi > vocab:  # [docs] k in [1, 1024], its maximum <= logits.size(1)
+            raise NPUOpError(op, f"k must be in [1, 1024] and <= vocab ({vocab}), got values in [{lo}, {hi}]")
     if p is not None:
         pp = _on_npu(op, "p", p)
-        if pp.dtype != x.dtype or pp.dim() != 1 or pp.shape[0] != batch:
+        if pp.dtype != x.dtype or pp.dim() != 1 or pp.shape[0] != batch:  # [docs] logits' dtype, 1-D, [batch]
             raise NPUOpError(op, f"p must be {x.dtype} [batch={batch}], got {pp.dtype} {tuple(pp.shape)}")
+        if pp.numel() and (float(pp.min()) < 0 or float(pp.max()) > 1):  # [docs] p in [0, 1]
+            raise NPUOpError(op, f"p must be in [0, 1], got values in [{float(pp.min())}, {float(pp.max())}]")
     if vocab == 1:
         return wrap(x.clone())
     vals, idx = torch.sort(x, dim=-1, stable=True)
