@@ -35,7 +35,6 @@ package(default_visibility = ["//visibility:public"])
 # CANN is not configured (TF_NEED_ASCEND != 1): these targets are skipped by //... .
 cc_library(name = "ascend_headers", target_compatible_with = ["@//bazel:sdk_missing"])
 cc_library(name = "ascend", target_compatible_with = ["@//bazel:sdk_missing"])
-cc_library(name = "opapi", target_compatible_with = ["@//bazel:sdk_missing"])
 cc_library(name = "hccl", target_compatible_with = ["@//bazel:sdk_missing"])
 cc_library(name = "torch_npu", target_compatible_with = ["@//bazel:sdk_missing"])
 """)
@@ -78,12 +77,6 @@ cc_library(
     deps = [":ascend"],
 )
 
-# libopapi (aclnn operators). Not linked: op_api_common.h dlopens it (or the custom-op package's
-# libcust_opapi.so) at run time; only its headers are needed to compile.
-cc_library(
-    name = "opapi",
-    deps = [":ascend_headers"],
-)
 """.format(lib = toolkit + "/lib64") + _torch_npu_build(ctx))
     ctx.file("build_defs.bzl", _BUILD_DEFS.format(enabled = "True", path = toolkit))
 

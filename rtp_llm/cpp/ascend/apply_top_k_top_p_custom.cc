@@ -1,6 +1,7 @@
 // torch.ops.rtp_llm_npu.apply_top_k_top_p_custom: the AscendC operator of aclnn_custom_ops/, called
-// through EXEC_NPU_CMD (libcust_opapi.so found via ASCEND_CUSTOM_OPP_PATH). The aclnn wrapper sorts
-// each row on the device first, so this takes raw logits like npu_top_k_top_p.
+// through EXEC_NPU_CMD (libcust_opapi.so found via ASCEND_CUSTOM_OPP_PATH). It takes raw logits like
+// npu_top_k_top_p: the rows are sorted here (torch_npu's stable sort, queued before the kernel on the
+// same stream), and the operator gets (sorted values, int32 indices, p, k) as its OpDef declares.
 #include <torch/library.h>
 
 #include "rtp_llm/cpp/ascend/op_api_common.h"
@@ -11,8 +12,12 @@ namespace ascend {
 at::Tensor apply_top_k_top_p_custom(const at::Tensor& logits, const c10::optional<at::Tensor>& p,
                                     const c10::optional<at::Tensor>& k) {
     TORCH_CHECK(logits.dim() == 2, "logits must be [batch, vocab]");
+    // ascending and stable: ties keep their order, as the kernel's algorithm requires
+    auto sorted = at::sort(logits.contiguous(), /*stable=*/true, /*dim=*/-1, /*descending=*/false);
+    at::Tensor values = std::get<0>(sorted);
+    at::Tensor indices = std::get<1>(sorted).to(at::kInt);
     at::Tensor out = at::empty_like(logits);
-    EXEC_NPU_CMD(aclnnApplyTopKTopPCustom, logits, p, k, out);
+    EXEC_NPU_CMD(aclnnApplyTopKTopPCustom, values, indices, p, k, out);
     return out;
 }
 

@@ -1,21 +1,22 @@
 // Calling aclnn operators from C++ without linking them: EXEC_NPU_CMD(aclnnX, args...).
 //
-// The operator libraries are opened at run time, in this order:
+// Nothing of CANN's operator stack is linked (torch_npu does not link libopapi / libnnopbase either):
+// every function comes from dlopen/dlsym, from the first library that defines it, in this order:
 //   1. each entry of ASCEND_CUSTOM_OPP_PATH (':'-separated, earlier wins): <entry>/op_api/lib/libcust_opapi.so
 //      (this project's AscendC operators, see aclnn_custom_ops/);
-//   2. CANN's libopapi.so (the built-in aclnn operators).
-// aclnnXGetWorkspaceSize(args..., &workspace_size, &executor) and aclnnX(workspace, size, executor,
-// stream) are resolved by name; the workspace is a byte tensor from torch's caching allocator on the
-// current NPU, and the operator is submitted on torch_npu's current stream, so it orders with the
-// surrounding torch work.
+//   2. libopapi.so (CANN's aclnn operators), 3. libnnopbase.so (aclCreateTensor and the other meta calls).
+// aclnnXGetWorkspaceSize(args..., &workspace_size, &executor) runs on the calling thread; the launch
+// aclnnX(workspace, size, executor, stream) is submitted through torch_npu's task queue
+// (OpCommand::RunOpApiV2, as op-plugin does), so it runs after the queued ops that produce its inputs.
 //
-// Built only with --config=ascend (it needs CANN's headers and torch_npu's).
+// Built only with --config=ascend (it needs torch_npu's headers, which carry CANN's acl headers).
 #pragma once
 
 #include <dlfcn.h>
 
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -27,12 +28,26 @@
 
 #include <ATen/ATen.h>
 #include <acl/acl.h>
-#include <aclnn/acl_meta.h>
 
 #include "torch_npu/csrc/core/npu/NPUStream.h"
+#include "torch_npu/csrc/framework/OpCommand.h"
+
+// Opaque aclnn meta types (CANN's aclnn/acl_meta.h declares the same names; it is not shipped with torch_npu).
+typedef struct aclOpExecutor aclOpExecutor;
+typedef struct aclTensor aclTensor;
+typedef struct aclIntArray aclIntArray;
 
 namespace rtp_llm {
 namespace ascend {
+
+// The meta functions of libnnopbase, by the signatures aclnn/acl_meta.h gives them.
+using AclCreateTensor = aclTensor* (*)(const int64_t* view_dims, uint64_t view_dims_num, aclDataType dtype,
+                                       const int64_t* stride, int64_t offset, aclFormat format,
+                                       const int64_t* storage_dims, uint64_t storage_dims_num, void* data);
+using AclDestroyTensor = int (*)(const aclTensor*);
+using AclCreateIntArray = aclIntArray* (*)(const int64_t* value, uint64_t size);
+using AclDestroyIntArray = int (*)(const aclIntArray*);
+using AclnnLaunch = int (*)(void* workspace, uint64_t workspace_size, aclOpExecutor* executor, aclrtStream stream);
 
 inline std::vector<void*> open_op_api_libraries() {
     std::vector<void*> handles;
@@ -45,14 +60,16 @@ inline std::vector<void*> open_op_api_libraries() {
             if (void* h = dlopen(lib.c_str(), RTLD_LAZY | RTLD_GLOBAL)) handles.push_back(h);
         }
     }
-    if (void* h = dlopen("libopapi.so", RTLD_LAZY | RTLD_GLOBAL)) handles.push_back(h);
+    for (const char* lib : {"libopapi.so", "libnnopbase.so"}) {
+        if (void* h = dlopen(lib, RTLD_LAZY | RTLD_GLOBAL)) handles.push_back(h);
+    }
     return handles;
 }
 
 // The first library that defines `name` wins; nullptr when none does. Lookups are cached.
 inline void* op_api_symbol(const std::string& name) {
     static std::mutex mu;
-    static std::vector<void*> handles = open_op_api_libraries();
+    static const std::vector<void*> handles = open_op_api_libraries();
     static std::unordered_map<std::string, void*> cache;
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(name);
@@ -63,6 +80,17 @@ inline void* op_api_symbol(const std::string& name) {
     }
     cache.emplace(name, found);
     return found;
+}
+
+template <typename Fn>
+Fn required_symbol(const std::string& name) {
+    void* p = op_api_symbol(name);
+    if (p == nullptr) {
+        throw std::runtime_error(name + " not found in $ASCEND_CUSTOM_OPP_PATH/op_api/lib/libcust_opapi.so, "
+                                        "libopapi.so or libnnopbase.so (is the operator package installed and "
+                                        "CANN's set_env.sh sourced?)");
+    }
+    return reinterpret_cast<Fn>(p);
 }
 
 inline aclDataType acl_dtype(at::ScalarType t) {
@@ -82,24 +110,29 @@ inline aclDataType acl_dtype(at::ScalarType t) {
 // at::Tensor -> aclTensor describing the same memory (view shape/strides over the whole storage).
 inline aclTensor* to_acl(const at::Tensor& t) {
     if (!t.defined()) return nullptr;
+    static const auto create = required_symbol<AclCreateTensor>("aclCreateTensor");
     std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
     std::vector<int64_t> strides(t.strides().begin(), t.strides().end());
     int64_t storage_elems = static_cast<int64_t>(t.storage().nbytes() / t.itemsize());
-    return aclCreateTensor(shape.data(), shape.size(), acl_dtype(t.scalar_type()), strides.data(),
-                           t.storage_offset(), ACL_FORMAT_ND, &storage_elems, 1,
-                           const_cast<void*>(t.storage().data()));
+    return create(shape.data(), shape.size(), acl_dtype(t.scalar_type()), strides.data(), t.storage_offset(),
+                  ACL_FORMAT_ND, &storage_elems, 1, const_cast<void*>(t.storage().data()));
 }
 inline aclTensor* to_acl(const c10::optional<at::Tensor>& t) { return t.has_value() ? to_acl(*t) : nullptr; }
-inline aclIntArray* to_acl(at::IntArrayRef a) { return aclCreateIntArray(a.data(), a.size()); }
+inline aclIntArray* to_acl(at::IntArrayRef a) {
+    static const auto create = required_symbol<AclCreateIntArray>("aclCreateIntArray");
+    return create(a.data(), a.size());
+}
 inline double to_acl(double v) { return v; }
 inline int64_t to_acl(int64_t v) { return v; }
 inline bool to_acl(bool v) { return v; }
 
 inline void release(aclTensor* t) {
-    if (t) aclDestroyTensor(t);
+    static const auto destroy = required_symbol<AclDestroyTensor>("aclDestroyTensor");
+    if (t) destroy(t);
 }
 inline void release(aclIntArray* a) {
-    if (a) aclDestroyIntArray(a);
+    static const auto destroy = required_symbol<AclDestroyIntArray>("aclDestroyIntArray");
+    if (a) destroy(a);
 }
 template <typename T>
 inline void release(T) {}
@@ -108,33 +141,32 @@ template <typename... Args>
 void exec_npu_cmd(const char* api, const Args&... args) {
     using Converted = std::tuple<decltype(to_acl(args))...>;
     using GetWorkspace = int (*)(decltype(to_acl(args))..., uint64_t*, aclOpExecutor**);
-    using Run = int (*)(void*, uint64_t, aclOpExecutor*, aclrtStream);
     const std::string name(api);
-    auto get_ws = reinterpret_cast<GetWorkspace>(op_api_symbol(name + "GetWorkspaceSize"));
-    auto run = reinterpret_cast<Run>(op_api_symbol(name));
-    if (get_ws == nullptr || run == nullptr) {
-        throw std::runtime_error(name + " not found: looked in $ASCEND_CUSTOM_OPP_PATH/op_api/lib/libcust_opapi.so "
-                                        "and libopapi.so (is the operator package installed and the CANN env sourced?)");
-    }
-    Converted converted(to_acl(args)...);
+    const auto get_ws = required_symbol<GetWorkspace>(name + "GetWorkspaceSize");
+    const auto launch = required_symbol<AclnnLaunch>(name);
+    // Shared so the queued launch (which may run on torch_npu's dequeue thread) releases them.
+    auto converted = std::make_shared<Converted>(to_acl(args)...);
+    auto release_all = [](Converted& c) { std::apply([](auto&... x) { (release(x), ...); }, c); };
     uint64_t workspace_size = 0;
     aclOpExecutor* executor = nullptr;
-    int ret = std::apply([&](auto&... c) { return get_ws(c..., &workspace_size, &executor); }, converted);
+    int ret = std::apply([&](auto&... c) { return get_ws(c..., &workspace_size, &executor); }, *converted);
     if (ret != 0) {
-        std::apply([](auto&... c) { (release(c), ...); }, converted);
+        release_all(*converted);
         throw std::runtime_error(name + "GetWorkspaceSize failed with aclnn status " + std::to_string(ret));
     }
-    at::Tensor workspace;
-    void* workspace_ptr = nullptr;
+    at::Tensor workspace;  // from torch's caching allocator on the current NPU; kept alive by the launch
     if (workspace_size > 0) {
         workspace = at::empty({static_cast<int64_t>(workspace_size)},
                               at::TensorOptions().dtype(at::kByte).device(at::kPrivateUse1));
-        workspace_ptr = workspace.data_ptr();
     }
-    aclrtStream stream = c10_npu::getCurrentNPUStream().stream(false);
-    ret = run(workspace_ptr, workspace_size, executor, stream);
-    std::apply([](auto&... c) { (release(c), ...); }, converted);
-    if (ret != 0) throw std::runtime_error(name + " failed with aclnn status " + std::to_string(ret));
+    const aclrtStream stream = c10_npu::getCurrentNPUStream().stream(false);
+    auto run = [converted, release_all, workspace, workspace_size, executor, stream, launch]() -> int {
+        void* ws = workspace.defined() ? const_cast<void*>(workspace.storage().data()) : nullptr;
+        int status = launch(ws, workspace_size, executor, stream);
+        release_all(*converted);
+        return status;
+    };
+    at_npu::native::OpCommand::RunOpApiV2(name, run);
 }
 
 }  // namespace ascend
