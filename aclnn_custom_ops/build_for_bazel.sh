@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Builds the CANN custom-operator package for Bazel.
+# Builds the CANN custom-operator package for Bazel, through CANN's own op-package flow.
 #
 #   build_for_bazel.sh OUT_DIR 'op1;op2' SOC
 #
-# Finds CANN (ASCEND_HOME_PATH, then ASCEND_OPP_PATH's toolkit, then the default install path),
-# sources its environment, checks for bisheng and cmake, configures and builds this project with
-# CANN's CMake flow for the listed operators and SOC (e.g. ascend910b), and collects into OUT_DIR:
-#   lib/libcust_opapi.so  lib/libcust_opsproto_rt2.0.so  lib/libcust_opmaster_rt2.0.so
-#   opp.tar  (the installed vendors/<vendor> package; point ASCEND_CUSTOM_OPP_PATH at it once unpacked)
+# 1. finds CANN (ASCEND_HOME_PATH, then ASCEND_OPP_PATH's toolkit, then the default install path) and
+#    sources its environment; checks for msopgen, bisheng, cmake and python3;
+# 2. `msopgen gen` lays out the op-package project (CMakeLists.txt, CMakePresets.json, build.sh, cmake/,
+#    op_host/, op_kernel/, scripts/) from the operators' <op>/<op>.json descriptions;
+# 3. this project's op_host / op_kernel sources replace the generated stubs, CMakePresets.json's values
+#    are merged in (with the CANN path, SOC and vendor), and host code is compiled as C++17 (CANN's
+#    opbase headers need it; the template says -std=c++11);
+# 4. the project's build.sh runs op_build (the aclnn wrapper, op proto and ops-info generated from OpDef),
+#    compiles one kernel per tiling key and packs custom_opp_<os>_<arch>.run, which is installed here;
+# 5. OUT_DIR gets lib/libcust_opapi.so, lib/libcust_opsproto_rt2.0.so, lib/libcust_opmaster_rt2.0.so and
+#    opp.tar (the installed vendors/<vendor> package: point ASCEND_CUSTOM_OPP_PATH at it once unpacked).
 set -euo pipefail
 
 die() {
@@ -23,7 +29,7 @@ PROJECT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DEFAULT_CANN=/usr/local/Ascend/ascend-toolkit/latest
 VENDOR=${ASCEND_VENDOR_NAME:-customize}
 
-# 1. CANN
+# 1. CANN and its tools
 tried=()
 CANN=""
 if [ -n "${ASCEND_HOME_PATH:-}" ]; then
@@ -42,7 +48,6 @@ fi
 [ -n "$CANN" ] || die "CANN not found (tried: ${tried[*]}). Install the CANN toolkit, or set ASCEND_HOME_PATH."
 echo "build_for_bazel.sh: CANN at ${CANN}"
 
-# 2. its environment
 if [ -f "${CANN}/set_env.sh" ]; then
   # shellcheck disable=SC1091
   source "${CANN}/set_env.sh"
@@ -53,50 +58,85 @@ else
   die "${CANN} has no set_env.sh (or bin/setenv.bash): is it a CANN toolkit install?"
 fi
 
-# 3. tools
-BISHENG=${CANN}/compiler/ccec_compiler/bin/bisheng
-if [ ! -x "$BISHENG" ]; then
-  BISHENG=$(command -v bisheng || true)
+MSOPGEN=${CANN}/python/site-packages/bin/msopgen
+[ -x "$MSOPGEN" ] || MSOPGEN=$(command -v msopgen || true)
+if [ -z "$MSOPGEN" ] || [ ! -x "$MSOPGEN" ]; then
+  die "msopgen (CANN's operator project generator) not found in ${CANN}/python/site-packages/bin or on PATH"
 fi
+BISHENG=${CANN}/compiler/ccec_compiler/bin/bisheng
+[ -x "$BISHENG" ] || BISHENG=$(command -v bisheng || true)
 if [ -z "$BISHENG" ] || [ ! -x "$BISHENG" ]; then
   die "bisheng (the AscendC kernel compiler) not found in ${CANN}/compiler/ccec_compiler/bin or on PATH"
 fi
 command -v cmake >/dev/null || die "cmake not found (CANN's operator build needs CMake >= 3.16)"
+command -v python3 >/dev/null || die "python3 not found (msopgen and CANN's build scripts need it)"
 
-# 4. operators
 IFS=';' read -r -a op_list <<<"$OPS"
 [ ${#op_list[@]} -gt 0 ] || die "no operators given"
 for op in "${op_list[@]}"; do
-  if [ ! -d "${PROJECT_DIR}/${op}/op_host" ] || [ ! -d "${PROJECT_DIR}/${op}/op_kernel" ]; then
-    die "operator '${op}' has no ${op}/op_host and ${op}/op_kernel folders in ${PROJECT_DIR}"
-  fi
+  for part in "${op}.json" op_host op_kernel; do
+    [ -e "${PROJECT_DIR}/${op}/${part}" ] || die "operator '${op}' has no ${op}/${part} in ${PROJECT_DIR}"
+  done
 done
 
-# 5. configure, build, install
+# 2. the generated op-package project
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
-BUILD_DIR=${OUT_DIR}/build
+GEN=${OUT_DIR}/project
 INSTALL_DIR=${OUT_DIR}/install
-mkdir -p "$BUILD_DIR" "$INSTALL_DIR"
-cmake -S "$PROJECT_DIR" -B "$BUILD_DIR" \
-  -DASCEND_CANN_PACKAGE_PATH="$CANN" \
-  -DASCEND_COMPUTE_UNIT="$SOC" \
-  -DASCEND_OPS="$OPS" \
-  -DBISHENG="$BISHENG" \
-  -Dvendor_name="$VENDOR" \
-  -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_INSTALL_PREFIX="$INSTALL_DIR"
-cmake --build "$BUILD_DIR" -j "$(nproc)"
-cmake --install "$BUILD_DIR"
+rm -rf "$GEN" "$INSTALL_DIR"
+mkdir -p "$INSTALL_DIR"
+descriptions=()
+for op in "${op_list[@]}"; do descriptions+=("${PROJECT_DIR}/${op}/${op}.json"); done
+python3 - "${OUT_DIR}/ops.json" "${descriptions[@]}" <<'PY'
+import json, sys
+ops = [entry for path in sys.argv[2:] for entry in json.load(open(path))]
+json.dump(ops, open(sys.argv[1], "w"), indent=2)
+PY
+"$MSOPGEN" gen -i "${OUT_DIR}/ops.json" -f pytorch -c "ai_core-${SOC}" -lan cpp -out "$GEN"
+for f in build.sh CMakePresets.json op_host op_kernel cmake; do
+  [ -e "${GEN}/${f}" ] || die "msopgen generated no ${f} in ${GEN}"
+done
 
-# 6. collect
+# 3. our sources, presets and C++17
+for op in "${op_list[@]}"; do
+  rm -f "${GEN}/op_host/${op}".* "${GEN}/op_host/${op}"_*.* "${GEN}/op_kernel/${op}".* "${GEN}/op_kernel/${op}"_*.*
+  cp -f "${PROJECT_DIR}/${op}/op_host/"* "${GEN}/op_host/"
+  cp -f "${PROJECT_DIR}/${op}/op_kernel/"* "${GEN}/op_kernel/"
+done
+python3 - "${GEN}/CMakePresets.json" "${PROJECT_DIR}/CMakePresets.json" "$CANN" "$SOC" "$VENDOR" <<'PY'
+import json, sys
+generated, ours, cann, soc, vendor = sys.argv[1:]
+presets = json.load(open(generated))
+preset = next(p for p in presets["configurePresets"] if p["name"] == "default")
+values = preset.setdefault("cacheVariables", {})
+values.update(json.load(open(ours))["cacheVariables"])
+values["ASCEND_CANN_PACKAGE_PATH"] = {"type": "PATH", "value": cann}
+values["ASCEND_COMPUTE_UNIT"] = {"type": "STRING", "value": soc}
+values["vendor_name"] = {"type": "STRING", "value": vendor}
+json.dump(presets, open(generated, "w"), indent=2)
+PY
+while IFS= read -r -d '' f; do
+  sed -i 's/-std=c++11/-std=c++17/g' "$f"
+done < <(find "${GEN}/cmake" -name '*.cmake' -print0)
+if grep -rq -- '-std=c++11' "${GEN}/cmake"; then
+  die "host code would still compile as C++11 (CANN's opbase headers need C++17): see ${GEN}/cmake"
+fi
+
+# 4. CANN's build, then its installer
+(cd "$GEN" && bash build.sh)
+RUN=$(find "${GEN}/build_out" -maxdepth 1 -name 'custom_opp_*.run' -print -quit 2>/dev/null || true)
+[ -n "$RUN" ] || die "CANN's build.sh produced no custom_opp_*.run in ${GEN}/build_out"
+bash "$RUN" --quiet --install-path="$INSTALL_DIR"
+
+# 5. collect
+PACKAGE=${INSTALL_DIR}/vendors/${VENDOR}
+[ -d "$PACKAGE" ] || die "the installer put no operator package at ${PACKAGE}"
 mkdir -p "${OUT_DIR}/lib"
 for lib in libcust_opapi.so libcust_opsproto_rt2.0.so libcust_opmaster_rt2.0.so; do
-  found=$(find "$INSTALL_DIR" "$BUILD_DIR" -name "$lib" -type f -print -quit 2>/dev/null || true)
-  [ -n "$found" ] || die "the build produced no ${lib}"
+  found=$(find "$PACKAGE" -name "$lib" -type f -print -quit 2>/dev/null || true)
+  [ -n "$found" ] || die "the package has no ${lib}"
   cp -f "$found" "${OUT_DIR}/lib/${lib}"
 done
-PACKAGE=${INSTALL_DIR}/vendors/${VENDOR}
-[ -d "$PACKAGE" ] || die "the build installed no operator package at ${PACKAGE}"
 tar -C "${INSTALL_DIR}/vendors" -cf "${OUT_DIR}/opp.tar" "$VENDOR"
 echo "build_for_bazel.sh: ${OPS} for ${SOC} -> ${OUT_DIR}/lib and ${OUT_DIR}/opp.tar"

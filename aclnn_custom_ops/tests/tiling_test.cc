@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "apply_top_k_top_p_custom/op_host/apply_top_k_top_p_custom_reference.h"
-#include "apply_top_k_top_p_custom/op_host/apply_top_k_top_p_custom_tiling.h"
+#include "apply_top_k_top_p_custom/op_host/apply_top_k_top_p_custom_tiling_plan.h"
 
 namespace apply_top_k_top_p {
 namespace {

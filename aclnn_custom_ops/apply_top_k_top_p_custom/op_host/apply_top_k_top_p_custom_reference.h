@@ -9,7 +9,7 @@
 #include <limits>
 #include <vector>
 
-#include "apply_top_k_top_p_custom_tiling.h"
+#include "apply_top_k_top_p_custom_tiling_plan.h"
 
 namespace apply_top_k_top_p {
 
