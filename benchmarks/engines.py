@@ -57,6 +57,15 @@ class RtpLLMTP2(RtpLLM):
         super().__init__(dtype=dtype, tp_size=2, **engine_args)
 
 
+class RtpLLMDequantized(RtpLLM):
+    """The same GGUF dequantized to float32 at load (--quantization none): the kernels' copy of the weights as
+    before GGUF files were kept as stored."""
+    name = "rtp_llm_dequantized"
+
+    def __init__(self, dtype: str = "float32", **engine_args):
+        super().__init__(dtype=dtype, quantization="none", **engine_args)
+
+
 class Transformers:
     name = "transformers"
 

@@ -22,11 +22,11 @@ import time
 
 import torch
 
-from benchmarks.engines import VLLM, LlamaCpp, RtpLLM, RtpLLMCheckout, RtpLLMTP2, Transformers
+from benchmarks.engines import VLLM, LlamaCpp, RtpLLM, RtpLLMCheckout, RtpLLMDequantized, RtpLLMTP2, Transformers
 from benchmarks.workloads import WORKLOADS
 
-ENGINES = {"rtp_llm": RtpLLM, "rtp_llm_tp2": RtpLLMTP2, "transformers": Transformers, "hf": Transformers,
-           "vllm": VLLM, "llamacpp": LlamaCpp}
+ENGINES = {"rtp_llm": RtpLLM, "rtp_llm_dequantized": RtpLLMDequantized, "rtp_llm_tp2": RtpLLMTP2,
+           "transformers": Transformers, "hf": Transformers, "vllm": VLLM, "llamacpp": LlamaCpp}
 # float32 runs: the leading greedy tokens that must agree between engines. bfloat16 runs: each engine's first
 # token must be one of the float32 reference's near-ties (bf16 kernels round differently from engine to
 # engine, and near-ties on random-token prompts flip).

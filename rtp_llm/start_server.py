@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(args["device"])
         config = EngineConfig(
             model=args["checkpoint_path"], tokenizer=args["tokenizer_path"], model_type=args["model_type"],
-            dtype=args["dtype"], device=device, max_model_len=args["max_model_len"],
+            dtype=args["dtype"], quantization=args["quantization"], device=device, max_model_len=args["max_model_len"],
             max_num_seqs=args["max_num_seqs"], max_num_batched_tokens=args["max_num_batched_tokens"],
             max_prefill_chunk=args["max_prefill_chunk"], block_size=args["block_size"],
             num_blocks=args["num_blocks"], kv_cache_memory_gb=args["kv_cache_memory_gb"],

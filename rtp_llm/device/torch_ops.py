@@ -89,6 +89,9 @@ class TorchHead(TorchLinear):
 # --- the op set ---------------------------------------------------------------------------------------------
 class TorchOps:
     name = "torch"
+    # GGUF block formats whose weights this op set's linear kernels read as stored (Linear.quantized); the
+    # loader dequantizes every other one.
+    quantized_formats: tuple[str, ...] = ()
 
     def prepare_linears(self, linears, head) -> None:
         """Called once after the weights are loaded: gives each linear layer (rtp_llm/layers/linear.py) its

@@ -26,6 +26,9 @@ class Linear(nn.Module):
         self.weight = tied if tied is not None else parameter((out_features, in_features), dtype, device)
         self.bias: Optional[nn.Parameter] = parameter((out_features,), dtype, device) if bias else None
         self.tp, self.feeds_silu, self.tied = tp, feeds_silu, tied is not None
+        # The weight as its file's blocks (rtp_llm/models/quantized.py), set at load when the device multiplies that
+        # format itself (ops.quantized_formats); `weight` is then empty.
+        self.quantized = None
         self.kernel = TorchLinear(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

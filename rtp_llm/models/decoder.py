@@ -12,6 +12,7 @@ of the vocab-parallel logits to rank 0. Without one, the shard is the whole mode
 
 from __future__ import annotations
 
+import logging
 from typing import Iterable
 
 import torch
@@ -29,8 +30,11 @@ from rtp_llm.layers.mlp import GatedMLP
 from rtp_llm.layers.norm import RMSNorm
 from rtp_llm.layers.rotary import RotaryEmbedding
 from rtp_llm.models.lazy_tensor import LazyTensor, read_tensor
+from rtp_llm.models.quantized import QuantizedWeight
 from rtp_llm.models.sharding import TPShard
 from rtp_llm.sampling.sampler import GreedyTokens
+
+log = logging.getLogger(__name__)
 
 
 class DecoderLayer(nn.Module):
@@ -80,6 +84,7 @@ class DecoderLM(nn.Module):
         self.shard = tp.shard(cfg) if self.tp is not None else TPShard.plan(cfg)
         vocab = self.shard.vocab
         self.embed = parameter((vocab, cfg.hidden_size), dtype, device)
+        self.embed_quantized: QuantizedWeight | None = None  # the embedding as its file's blocks (then embed is empty)
         self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device, self.shard, self.ops, self.tp)
                                     for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device, self.ops)
@@ -143,34 +148,82 @@ class DecoderLM(nn.Module):
             if tuple(tensor.shape) != expected[name]:
                 raise ShapeMismatchError(
                     f"tensor {name} has shape {tuple(tensor.shape)}, but the config implies {expected[name]}")
+            if isinstance(tensor, QuantizedWeight):
+                if self._runs_quantized(tensor):
+                    got[name] = tensor
+                    continue
+                tensor = tensor.dequantize()
             got[name] = read_tensor(tensor, slices.get(name)).to(self.dtype)
         missing = [n for n in expected if n not in got]
         if missing:
             more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
             raise MissingTensorError(f"checkpoint is missing tensor {', '.join(missing[:3])}{more}")
-        self.embed.copy_(got["model.embed_tokens.weight"])
+        embed = got["model.embed_tokens.weight"]
+        if isinstance(embed, QuantizedWeight):
+            self.embed_quantized = embed
+            self.embed.data = torch.empty(0, dtype=self.dtype, device=self.embed.device)
+            if self.head.tied:
+                self.head.quantized = embed
+        else:
+            self.embed.copy_(embed)
         self.norm.weight.copy_(got["model.norm.weight"])
         if not self.head.tied:
-            self.head.weight.copy_(got["lm_head.weight"])
+            self._load_linear(self.head, [got["lm_head.weight"]])
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
             layer.input_norm.weight.copy_(got[p + "input_layernorm.weight"])
             layer.post_norm.weight.copy_(got[p + "post_attention_layernorm.weight"])
-            layer.qkv.weight.copy_(torch.cat([got[p + f"self_attn.{x}_proj.weight"] for x in "qkv"]))
+            self._load_linear(layer.qkv, [got[p + f"self_attn.{x}_proj.weight"] for x in "qkv"])
             if layer.qkv.bias is not None:
                 layer.qkv.bias.copy_(torch.cat([got[p + f"self_attn.{x}_proj.bias"] for x in "qkv"]))
             if layer.q_norm is not None:
                 layer.q_norm.weight.copy_(got[p + "self_attn.q_norm.weight"])
                 layer.k_norm.weight.copy_(got[p + "self_attn.k_norm.weight"])
-            layer.o.weight.copy_(got[p + "self_attn.o_proj.weight"])
+            self._load_linear(layer.o, [got[p + "self_attn.o_proj.weight"]])
             if layer.o.bias is not None:
                 layer.o.bias.copy_(got[p + "self_attn.o_proj.bias"])
             mlp = layer.mlp
-            mlp.gate_up.weight.copy_(torch.cat([got[p + "mlp.gate_proj.weight"], got[p + "mlp.up_proj.weight"]]))
-            mlp.down.weight.copy_(got[p + "mlp.down_proj.weight"])
+            self._load_linear(mlp.gate_up, [got[p + "mlp.gate_proj.weight"], got[p + "mlp.up_proj.weight"]])
+            self._load_linear(mlp.down, [got[p + "mlp.down_proj.weight"]])
             if mlp.gate_up.bias is not None:
                 mlp.gate_up.bias.copy_(torch.cat([got[p + "mlp.gate_proj.bias"], got[p + "mlp.up_proj.bias"]]))
                 mlp.down.bias.copy_(got[p + "mlp.down_proj.bias"])
+        self._log_weight_formats()
+
+    def _runs_quantized(self, w: QuantizedWeight) -> bool:
+        # The quantized kernels take float32 activations and whole tensors (no tensor-parallel slices yet).
+        return self.tp is None and self.dtype == torch.float32 and w.format in self.ops.quantized_formats
+
+    def _load_linear(self, lin: Linear, parts: list) -> None:
+        """A linear layer's weight from its checkpoint tensors (row-concatenated): kept as blocks when they all are
+        in one format, else dense."""
+        if all(isinstance(t, QuantizedWeight) for t in parts):
+            q = QuantizedWeight.cat(parts)
+            if q is not None:
+                lin.quantized = q
+                lin.weight.data = torch.empty(0, dtype=self.dtype, device=lin.weight.device)
+                return
+        lin.weight.copy_(torch.cat([t.dequantize().to(self.dtype) if isinstance(t, QuantizedWeight) else t
+                                    for t in parts]))
+
+    def _log_weight_formats(self) -> None:
+        """One line: which format each class of tensor runs in, and the bytes the weights keep resident."""
+        classes: dict[str, set[str]] = {}
+        resident = 0
+        named = [("embedding", self.embed_quantized, self.embed)]
+        if not self.head.tied:
+            named.append(("lm_head", self.head.quantized, self.head.weight))
+        for layer in self.layers:
+            for cls, lin in (("attention", layer.qkv), ("attention", layer.o), ("mlp", layer.mlp.gate_up),
+                             ("mlp", layer.mlp.down)):
+                named.append((cls, lin.quantized, lin.weight))
+        for cls, q, w in named:
+            classes.setdefault(cls, set()).add(q.format if q is not None else str(w.dtype).replace("torch.", ""))
+            resident += q.nbytes if q is not None else w.numel() * w.element_size()
+        if self.head.tied:
+            classes["lm_head"] = {"tied to the embedding"}
+        log.info("weights: %s; %.1f MB resident (linear layers and embedding)",
+                 ", ".join(f"{c} {'/'.join(sorted(f))}" for c, f in classes.items()), resident / 1e6)
 
     # --- forward -------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -196,6 +249,8 @@ class DecoderLM(nn.Module):
         return self.tp.gather_vocab(self.head(h).float(), self.shard, self.cfg.vocab_size)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.embed_quantized is not None:
+            return self.embed_quantized.rows(ids)
         if self.tp is None:
             return F.embedding(ids, self.embed)
         # Vocab-parallel: each rank looks up the ids in its rows, zeros the rest; the sum is exact.

@@ -1,4 +1,5 @@
-"""GGUF files through the `gguf` package: metadata as plain Python values, tensors dequantized.
+"""GGUF files through the `gguf` package: metadata as plain Python values; tensors dequantized, or, for the
+block formats of rtp_llm/models/quantized.py when asked, kept as their blocks (QuantizedWeight).
 
 Tensor names are mapped to Hugging Face names. For the `llama` architecture llama.cpp's converter
 permutes the rows of Q and K (interleaved RoPE pairs); that is undone here, because this engine
@@ -14,6 +15,7 @@ import numpy as np
 import torch
 
 from rtp_llm.errors import CheckpointError
+from rtp_llm.models.quantized import BLOCK_BYTES, QuantizedWeight
 
 _LAYER = {
     "attn_q": "self_attn.q_proj",
@@ -69,12 +71,22 @@ class GGUFFile:
         f = self.reader.fields.get(key)
         return default if f is None else _field_value(f)
 
-    def tensors(self, num_heads: int, num_kv_heads: int, unpermute_qk: bool) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, float32 tensor) for every tensor the model uses."""
+    def tensors(self, num_heads: int, num_kv_heads: int, unpermute_qk: bool,
+                keep_quantized: bool = False) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+        """(HF name, float32 tensor) for every tensor the model uses; with keep_quantized, a matrix stored in one
+        of BLOCK_BYTES' formats comes as a QuantizedWeight over the file's mapping (copied when the model keeps it)."""
         for t in self.reader.tensors:
             name = hf_name(t.name)
             if name is None:
                 continue  # e.g. rope_freqs: not used by these architectures
+            fmt = t.tensor_type.name
+            if keep_quantized and fmt in BLOCK_BYTES and len(t.shape) == 2:
+                rows = int(t.shape[1])
+                blocks = t.data.reshape(rows, -1, BLOCK_BYTES[fmt])
+                if unpermute_qk and name.endswith(("q_proj.weight", "k_proj.weight")):
+                    blocks = np.ascontiguousarray(_unpermute(blocks, num_heads if ".q_proj." in name else num_kv_heads))
+                yield name, QuantizedWeight(blocks, fmt)
+                continue
             data = self._gguf.quants.dequantize(t.data, t.tensor_type)
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
             arr = np.asarray(data, dtype=np.float32).reshape(shape)

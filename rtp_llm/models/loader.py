@@ -1,7 +1,8 @@
 """Loads checkpoints into {Hugging Face tensor name: tensor}.
 
 Supported: a Hugging Face directory with safetensors (one file, or sharded with
-model.safetensors.index.json), memory-mapped; a .gguf file (dequantized). Pickle checkpoints
+model.safetensors.index.json), memory-mapped; a .gguf file (dequantized, or with keep_quantized its
+block-format matrices as QuantizedWeight). Pickle checkpoints
 (pytorch_model.bin, *.pt) can run arbitrary code when loaded, so they are refused unless
 allow_pickle=True.
 """
@@ -63,8 +64,8 @@ def _safetensors_files(path: str) -> list[str]:
     return sorted(glob.glob(os.path.join(path, "*.safetensors")))
 
 
-def iter_checkpoint(path: str, config: ModelConfig,
-                    allow_pickle: bool = False) -> Iterator[tuple[str, torch.Tensor | LazyTensor]]:
+def iter_checkpoint(path: str, config: ModelConfig, allow_pickle: bool = False,
+                    keep_quantized: bool = False) -> Iterator[tuple[str, torch.Tensor | LazyTensor]]:
     """(name, tensor) pairs in the checkpoint's own dtype (GGUF: float32), lazily: safetensors entries
     come as LazyTensor, read (whole or a tensor-parallel slice) only by the model's load_weights."""
     gguf_path = find_gguf(path)
@@ -72,7 +73,8 @@ def iter_checkpoint(path: str, config: ModelConfig,
         from rtp_llm.models.gguf_reader import GGUFFile
 
         yield from GGUFFile(gguf_path).tensors(
-            config.num_heads, config.num_kv_heads, unpermute_qk=config.model_type == "llama")
+            config.num_heads, config.num_kv_heads, unpermute_qk=config.model_type == "llama",
+            keep_quantized=keep_quantized)
         return
     files = _safetensors_files(path)
     if files:

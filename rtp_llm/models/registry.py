@@ -12,6 +12,7 @@ import torch
 from rtp_llm.config.model_config import ModelConfig, parse_dtype
 from rtp_llm.models.decoder import DecoderLM
 from rtp_llm.models.loader import find_gguf, iter_checkpoint, load_config
+from rtp_llm.models.quantized import QUANTIZATION_MODES
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +20,8 @@ MODEL_CLASSES = {"qwen_3": DecoderLM, "qwen_2": DecoderLM, "llama": DecoderLM}
 
 
 def stored_dtype(path: str, cfg: ModelConfig) -> torch.dtype:
-    """The dtype the checkpoint's weights load as: its own (config.json), float32 for GGUF (dequantized)."""
+    """The dtype the checkpoint's weights load as: its own (config.json), float32 for GGUF (its dequantized
+    values; block-format matrices the device multiplies as stored keep their blocks, with float32 activations)."""
     return torch.float32 if find_gguf(path) else cfg.dtype
 
 
@@ -29,7 +31,8 @@ def load_engine_model(engine_config, device, tp=None, progress: bool = False) ->
     cfg = load_config(engine_config.model, engine_config.model_type)
     dtype = device.model_dtype(engine_config.dtype, stored_dtype(engine_config.model, cfg))
     return load_model(engine_config.model, engine_config.model_type, dtype, device.torch_device,
-                      allow_pickle=engine_config.allow_pickle, progress=progress, ops=device.ops(), tp=tp, config=cfg)
+                      allow_pickle=engine_config.allow_pickle, progress=progress, ops=device.ops(), tp=tp, config=cfg,
+                      quantization=engine_config.quantization)
 
 
 def load_model(
@@ -42,14 +45,20 @@ def load_model(
     ops=None,
     tp=None,
     config: ModelConfig | None = None,
+    quantization: str = "auto",
 ) -> tuple[DecoderLM, ModelConfig]:
     """ops: the device's op set (Device.ops()); None = plain torch.
     tp: a TensorParallel group; the model then holds (and reads) only this rank's slices.
-    config: the checkpoint's ModelConfig when the caller has read it already."""
+    config: the checkpoint's ModelConfig when the caller has read it already.
+    quantization: auto = a GGUF's block-format matrices stay as stored where the op set multiplies them
+    (ops.quantized_formats), none = dequantized at load."""
+    if quantization not in QUANTIZATION_MODES:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_MODES)}, got {quantization!r}")
     cfg = config or load_config(path, model_type)
     torch_dtype = parse_dtype(dtype, default=stored_dtype(path, cfg))
     model = MODEL_CLASSES[cfg.model_type](cfg, dtype=torch_dtype, device=device, ops=ops, tp=tp)
-    model.load_weights(iter_checkpoint(path, cfg, allow_pickle=allow_pickle), progress=progress)
+    model.load_weights(iter_checkpoint(path, cfg, allow_pickle=allow_pickle, keep_quantized=quantization == "auto"),
+                       progress=progress)
     model.prepare()  # each linear layer's kernel, packed as its device wants (CPU: panels or oneDNN's layout)
     log.info("loaded %s (%s, %d layers, %s) from %s", cfg.architecture, cfg.model_type, cfg.num_layers,
              torch_dtype, path)

@@ -16,7 +16,8 @@ namespace rtp_llm {
 
 // --- linear layers (linear.cc): the per-call choice between a layer's copies of its weight -----------------
 // x [M, K] @ W^T (+ bias) -> [M, n]: the GEMV kernel on `plain` when it is there and M <= gemv_max_rows, else
-// `packed` (panels: panel_linear; oneDNN's blocked layout: its matmul), else at::linear on `plain`.
+// `packed` (GGUF blocks: quant_linear; panels: panel_linear; oneDNN's blocked layout: its matmul), else
+// at::linear on `plain`.
 at::Tensor linear(const at::Tensor& x, const std::optional<at::Tensor>& plain, const std::optional<at::Tensor>& packed,
                   const std::optional<at::Tensor>& bias, int64_t n, int64_t gemv_max_rows);
 
@@ -27,6 +28,16 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const std::optional<at
 void gemv_avx512(const float* w, const float* x, const float* bias, float* out, int64_t m, int64_t k, int64_t n);
 void gemv_avx512(const c10::BFloat16* w, const float* x, const float* bias, c10::BFloat16* out, int64_t m,
                  int64_t k, int64_t n);
+
+// --- GGUF block weights (quant_linear.cc, quant_linear_avx512.cc; formats in quant_blocks.h) ----------------
+// x [M, K] float32 @ W^T (+ bias) for W as its file's blocks, uint8 [N, K / 32 or K / 256, block bytes]: each weight exactly
+// gguf's dequantized float32 value, fp32 products and sums in an order independent of M and of the CPU.
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias);
+// The blocks as float32 [N, K] (gguf.quants.dequantize's values): embedding rows, references.
+at::Tensor quant_dequantize(const at::Tensor& w);
+// format: quant::Format; the AVX-512 kernel of quant_linear.
+void quant_linear_avx512(int format, const uint8_t* w, int64_t block_bytes, const float* x, const float* bias,
+                         float* out, int64_t m, int64_t k, int64_t n);
 
 // --- the panel GEMM (panel_linear.cc, AVX-512) --------------------------------------------------------------
 constexpr int64_t kPanelCols = 48;

@@ -24,6 +24,8 @@ TORCH_LIBRARY(rtp_llm, m) {
 
     m.def("linear(Tensor x, Tensor? plain, Tensor? packed, Tensor? bias, int n, int gemv_max_rows) -> Tensor");
     m.def("gemv(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
+    m.def("quant_linear(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
+    m.def("quant_dequantize(Tensor w) -> Tensor");
     m.def("pack_panels(Tensor w) -> Tensor");
     m.def("panel_linear(Tensor x, Tensor panels, Tensor? bias, int n) -> Tensor");
     m.def("pack_gated_panels(Tensor w) -> Tensor");
@@ -52,6 +54,8 @@ TORCH_LIBRARY(rtp_llm, m) {
 TORCH_LIBRARY_IMPL(rtp_llm, CPU, m) {
     m.impl("linear", &linear);
     m.impl("gemv", &gemv);
+    m.impl("quant_linear", &quant_linear);
+    m.impl("quant_dequantize", &quant_dequantize);
     m.impl("pack_panels", &pack_panels);
     m.impl("panel_linear", &panel_linear);
     m.impl("pack_gated_panels", &pack_gated_panels);

@@ -51,7 +51,8 @@ class CpuLinear:
 
     @property
     def on_panels(self) -> bool:
-        return self.packed is not None and not self.packed.is_mkldnn and self.packed.dim() == 3
+        return (self.packed is not None and not self.packed.is_mkldnn and self.packed.dim() == 3
+                and self.packed.dtype != torch.uint8)
 
     def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         shape = x.shape
@@ -114,6 +115,12 @@ class LinearPlanner:
 
     def assign(self, linears, head, greedy_screen: bool) -> None:
         """Gives each Linear (and the head) its CpuLinear. A plain weight the kernels no longer read is released."""
+        quantized = [lin for lin in linears if lin.quantized is not None]
+        linears = [lin for lin in linears if lin.quantized is None]
+        for lin in quantized:  # the file's blocks are the only copy: quant_linear reads them (linear.cc)
+            lin.kernel = CpuLinear(self.kernels, lin.quantized.shape[0], None, lin.quantized.blocks)
+        if head.quantized is not None:
+            head.kernel = CpuLinear(self.kernels, head.quantized.shape[0], None, head.quantized.blocks)
         onednn = [lin.weight for lin in linears if not self.on_panels(lin.weight) and self._packs_onednn(lin.weight)]
         self.keeps_plain_weights = bool(onednn) and self._keep_plain(sum(w.numel() * w.element_size()
                                                                          for w in onednn))
@@ -121,6 +128,8 @@ class LinearPlanner:
             lin.kernel = self._kernel(lin.weight, gated=lin.feeds_silu, keep_plain=self.keeps_plain_weights)
             if lin.kernel.plain is None:
                 lin.weight.data = torch.empty(0, dtype=lin.weight.dtype)  # the packed copy replaces it
+        if head.quantized is not None:
+            return
         w = head.weight
         kernel = self._kernel(w, gated=False, keep_plain=True)
         screen = (kernel.on_panels and w.dtype == torch.float32 and greedy_screen and w.numel() > 0

@@ -1,0 +1,231 @@
+// quant_linear.cc's kernel for CPUs with AVX-512 (checked at run time). Two ways through, the same sums:
+// - few rows (decode): each weight block is decoded in registers and meets every row there, so the weights are
+//   streamed once at their stored size;
+// - more rows (prefill, large batches): a group of 8 weight rows is decoded once into a float32 scratch (L1/L2)
+//   and every input row, two at a time, reads it: the decoding is paid once per group, not once per row.
+// Both accumulate lane l over the 16-wide chunks in order and reduce with avx512::reduce1's tree (reduce8 is the
+// same tree for 8 vectors), as quant_linear.cc's portable kernel does.
+#include <ATen/Parallel.h>
+
+#include <vector>
+
+#include "rtp_llm/cpp/cpu/ops.h"
+#include "rtp_llm/cpp/cpu/quant_blocks.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+
+#include "rtp_llm/cpp/cpu/vec/avx512.h"
+
+namespace rtp_llm {
+namespace {
+
+using avx512::reduce1;
+using avx512::reduce8;
+using quant::Format;
+using quant::half_at;
+using quant::kBlock;
+
+constexpr int64_t kDirectRows = 4;  // up to this many rows, blocks are decoded in registers per row group
+constexpr int kGroup = 8;           // weight rows decoded together into the scratch
+
+RTP_AVX512 inline __m512i bytes_to_epi32(__m128i v) { return _mm512_cvtepu8_epi32(v); }
+
+// Bytes >> shift & mask, 16 of them (the shift crosses into neighbouring bytes only in bits the mask drops).
+RTP_AVX512 inline __m128i bits_of(__m128i v, int shift, int mask) {
+    return _mm_and_si128(_mm_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm_set1_epi8(static_cast<char>(mask)));
+}
+
+// Sub-block s (32 values) of a block: w0 = its elements 0-15, w1 = 16-31. The 32-element formats have one
+// (their low and high nibbles of the same 16 bytes); the k-quants eight.
+template <Format F>
+RTP_AVX512 inline void decode(const uint8_t* b, int s, __m512& w0, __m512& w1) {
+    if constexpr (F == Format::kQ4_K || F == Format::kQ5_K) {
+        int sc, m;
+        quant::k_scale_min(b + 4, s, &sc, &m);
+        const __m512 ds = _mm512_set1_ps(half_at(b) * static_cast<float>(sc));
+        const __m512 dm = _mm512_set1_ps(half_at(b + 2) * static_cast<float>(m));
+        const uint8_t* qs = b + (F == Format::kQ5_K ? 48 : 16) + 32 * (s / 2);
+        __m128i q[2] = {bits_of(_mm_loadu_si128((const __m128i*)qs), 4 * (s % 2), 0x0F),
+                        bits_of(_mm_loadu_si128((const __m128i*)(qs + 16)), 4 * (s % 2), 0x0F)};
+        if constexpr (F == Format::kQ5_K) {
+            for (int h = 0; h < 2; ++h) {
+                const __m128i hi = bits_of(_mm_loadu_si128((const __m128i*)(b + 16 + 16 * h)), s, 0x01);
+                q[h] = _mm_or_si128(q[h], _mm_slli_epi16(hi, 4));  // bit 0 -> bit 4, within each byte
+            }
+        }
+        w0 = _mm512_sub_ps(_mm512_mul_ps(ds, _mm512_cvtepi32_ps(bytes_to_epi32(q[0]))), dm);
+        w1 = _mm512_sub_ps(_mm512_mul_ps(ds, _mm512_cvtepi32_ps(bytes_to_epi32(q[1]))), dm);
+    } else if constexpr (F == Format::kQ6_K) {
+        const float d = half_at(b + 208);
+        const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+        const int h = s / 4, k = s % 4;
+        const __m512i thirty_two = _mm512_set1_epi32(32);
+        __m512 out[2];
+        for (int t = 0; t < 2; ++t) {
+            const __m128i low = bits_of(_mm_loadu_si128((const __m128i*)(b + 64 * h + 32 * (k % 2) + 16 * t)),
+                                        4 * (k / 2), 0x0F);
+            const __m128i high = bits_of(_mm_loadu_si128((const __m128i*)(b + 128 + 32 * h + 16 * t)), 2 * k, 0x03);
+            const __m128i q = _mm_or_si128(low, _mm_slli_epi16(high, 4));
+            const __m512 qf = _mm512_cvtepi32_ps(_mm512_sub_epi32(bytes_to_epi32(q), thirty_two));
+            out[t] = _mm512_mul_ps(_mm512_set1_ps(d * static_cast<float>(scales[2 * s + t])), qf);
+        }
+        w0 = out[0];
+        w1 = out[1];
+    } else if constexpr (F == Format::kQ8_0) {
+        const __m512 d = _mm512_set1_ps(half_at(b));
+        w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 2)))), d);
+        w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 18)))), d);
+    } else {
+        const __m512 d = _mm512_set1_ps(half_at(b));
+        constexpr bool kMin = F == Format::kQ4_1 || F == Format::kQ5_1;
+        constexpr bool kFive = F == Format::kQ5_0 || F == Format::kQ5_1;
+        const uint8_t* qs = b + 2 + (kMin ? 2 : 0) + (kFive ? 4 : 0);
+        const __m128i bytes = _mm_loadu_si128((const __m128i*)qs);
+        const __m128i low = _mm_set1_epi8(0x0F);
+        __m512i q0 = _mm512_cvtepu8_epi32(_mm_and_si128(bytes, low));
+        __m512i q1 = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(bytes, 4), low));
+        if constexpr (kFive) {
+            uint32_t qh;
+            std::memcpy(&qh, b + 2 + (kMin ? 2 : 0), 4);
+            const __m512i sixteen = _mm512_set1_epi32(16);
+            q0 = _mm512_mask_add_epi32(q0, static_cast<__mmask16>(qh & 0xFFFF), q0, sixteen);
+            q1 = _mm512_mask_add_epi32(q1, static_cast<__mmask16>(qh >> 16), q1, sixteen);
+        }
+        if constexpr (kMin) {
+            const __m512 m = _mm512_set1_ps(half_at(b + 2));
+            w0 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(q0)), m);
+            w1 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(q1)), m);
+        } else {
+            const __m512i offset = _mm512_set1_epi32(kFive ? 16 : 8);
+            w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(q0, offset)));
+            w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(q1, offset)));
+        }
+    }
+}
+
+// M rows (M <= kDirectRows) against weight row j, its blocks decoded in registers.
+template <Format F, int M>
+RTP_AVX512 void direct_rows(const uint8_t* wj, int64_t block_bytes, const float* x, int64_t k, float* acc_out) {
+    __m512 acc[M];
+    for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
+    constexpr int kSubs = quant::elements(F) / kBlock;
+    for (int64_t b = 0; b < k / quant::elements(F); ++b) {
+        const uint8_t* blk = wj + b * block_bytes;
+        __builtin_prefetch(blk + 8 * block_bytes, 0, 2);
+        for (int sb = 0; sb < kSubs; ++sb) {
+            __m512 w0, w1;
+            decode<F>(blk, sb, w0, w1);
+            const int64_t at = b * quant::elements(F) + sb * kBlock;
+            for (int r = 0; r < M; ++r) {
+                acc[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + r * k + at), acc[r]);
+                acc[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + r * k + at + 16), acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < M; ++r) acc_out[r] = reduce1(acc[r]);
+}
+
+template <Format F>
+RTP_AVX512 void direct(const uint8_t* w, int64_t block_bytes, const float* x, const float* bias, float* out,
+                       int64_t m, int64_t k, int64_t n, int64_t j0, int64_t j1) {
+    const int64_t row_bytes = k / quant::elements(F) * block_bytes;
+    float res[kDirectRows];
+    for (int64_t j = j0; j < j1; ++j) {
+        const uint8_t* wj = w + j * row_bytes;
+        switch (m) {
+            case 1: direct_rows<F, 1>(wj, block_bytes, x, k, res); break;
+            case 2: direct_rows<F, 2>(wj, block_bytes, x, k, res); break;
+            case 3: direct_rows<F, 3>(wj, block_bytes, x, k, res); break;
+            default: direct_rows<F, 4>(wj, block_bytes, x, k, res); break;
+        }
+        for (int64_t r = 0; r < m; ++r) out[r * n + j] = res[r] + (bias ? bias[j] : 0.f);
+    }
+}
+
+// Rows r0 .. r0 + R - 1 (R = 1 or 2) against the group's decoded rows (g of them, padded to kGroup).
+template <int R>
+RTP_AVX512 void scratch_rows(const float* scratch, int g, const float* x, int64_t k, float res[R][kGroup]) {
+    __m512 acc[R][kGroup];
+    for (int r = 0; r < R; ++r)
+        for (int q = 0; q < kGroup; ++q) acc[r][q] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < k; c += 16) {
+        __m512 xv[R];
+        for (int r = 0; r < R; ++r) xv[r] = _mm512_loadu_ps(x + r * k + c);
+        for (int q = 0; q < g; ++q) {
+            const __m512 wv = _mm512_loadu_ps(scratch + q * k + c);
+            for (int r = 0; r < R; ++r) acc[r][q] = _mm512_fmadd_ps(wv, xv[r], acc[r][q]);
+        }
+    }
+    for (int r = 0; r < R; ++r) reduce8(acc[r], res[r]);
+}
+
+template <Format F>
+RTP_AVX512 void through_scratch(const uint8_t* w, int64_t block_bytes, const float* x, const float* bias, float* out,
+                                int64_t m, int64_t k, int64_t n, int64_t j0, int64_t j1) {
+    constexpr int kSubs = quant::elements(F) / kBlock;
+    const int64_t blocks = k / quant::elements(F), row_bytes = blocks * block_bytes;
+    std::vector<float> scratch(static_cast<size_t>(kGroup) * k);
+    for (int64_t j = j0; j < j1; j += kGroup) {
+        const int g = static_cast<int>(std::min<int64_t>(kGroup, j1 - j));
+        for (int q = 0; q < g; ++q) {
+            for (int64_t b = 0; b < blocks; ++b) {
+                for (int sb = 0; sb < kSubs; ++sb) {
+                    __m512 w0, w1;
+                    decode<F>(w + (j + q) * row_bytes + b * block_bytes, sb, w0, w1);
+                    float* dst = &scratch[q * k + b * quant::elements(F) + sb * kBlock];
+                    _mm512_storeu_ps(dst, w0);
+                    _mm512_storeu_ps(dst + 16, w1);
+                }
+            }
+        }
+        float res[2][kGroup];
+        auto store = [&](int64_t r, int rr) {
+            for (int q = 0; q < g; ++q) out[r * n + j + q] = res[rr][q] + (bias ? bias[j + q] : 0.f);
+        };
+        int64_t r = 0;
+        for (; r + 2 <= m; r += 2) {
+            scratch_rows<2>(scratch.data(), g, x + r * k, k, res);
+            store(r, 0);
+            store(r + 1, 1);
+        }
+        if (r < m) {
+            scratch_rows<1>(scratch.data(), g, x + r * k, k, res);
+            store(r, 0);
+        }
+    }
+}
+
+template <Format F>
+void run(const uint8_t* w, int64_t block_bytes, const float* x, const float* bias, float* out, int64_t m, int64_t k,
+         int64_t n) {
+    const int64_t groups = (n + kGroup - 1) / kGroup;
+    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+        const int64_t j0 = g0 * kGroup, j1 = std::min(n, g1 * kGroup);
+        if (m <= kDirectRows) {
+            direct<F>(w, block_bytes, x, bias, out, m, k, n, j0, j1);
+        } else {
+            through_scratch<F>(w, block_bytes, x, bias, out, m, k, n, j0, j1);
+        }
+    });
+}
+
+}  // namespace
+
+void quant_linear_avx512(int format, const uint8_t* w, int64_t block_bytes, const float* x, const float* bias,
+                         float* out, int64_t m, int64_t k, int64_t n) {
+    switch (static_cast<Format>(format)) {
+        case Format::kQ8_0: return run<Format::kQ8_0>(w, block_bytes, x, bias, out, m, k, n);
+        case Format::kQ4_0: return run<Format::kQ4_0>(w, block_bytes, x, bias, out, m, k, n);
+        case Format::kQ4_1: return run<Format::kQ4_1>(w, block_bytes, x, bias, out, m, k, n);
+        case Format::kQ5_0: return run<Format::kQ5_0>(w, block_bytes, x, bias, out, m, k, n);
+        case Format::kQ5_1: return run<Format::kQ5_1>(w, block_bytes, x, bias, out, m, k, n);
+        case Format::kQ4_K: return run<Format::kQ4_K>(w, block_bytes, x, bias, out, m, k, n);
+        case Format::kQ5_K: return run<Format::kQ5_K>(w, block_bytes, x, bias, out, m, k, n);
+        case Format::kQ6_K: return run<Format::kQ6_K>(w, block_bytes, x, bias, out, m, k, n);
+        case Format::kUnknown: return;
+    }
+}
+
+}  // namespace rtp_llm
+
+#endif

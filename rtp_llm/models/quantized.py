@@ -1,0 +1,60 @@
+"""Weights kept as their GGUF file stores them: QuantizedWeight holds a tensor's blocks, uint8 [N, blocks, block
+bytes], read by the device's quantized kernels (CPU: torch.ops.rtp_llm.quant_linear) in place of a float copy.
+The math stays the dequantized model's: every weight is the float32 value gguf's dequantize gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# GGUF formats kept as blocks, with their block bytes (the block size tells them apart) and weights per block.
+BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+BLOCK_ELEMENTS = {f: 256 if f.endswith("_K") else 32 for f in BLOCK_BYTES}
+QUANTIZATION_MODES = ("auto", "none")  # auto: keep the file's quantization; none: dequantize at load
+
+
+class QuantizedWeight:
+    """blocks: uint8 [N, K / weights per block, block bytes], a torch tensor, or a numpy view of the file's mapping that is copied
+    into memory of its own on first use (so each byte is copied once, and nothing of the file stays mapped)."""
+
+    def __init__(self, blocks: torch.Tensor | np.ndarray, fmt: str):
+        if fmt not in BLOCK_BYTES or blocks.dtype not in (torch.uint8, np.uint8) or blocks.ndim != 3 \
+                or blocks.shape[2] != BLOCK_BYTES[fmt]:
+            raise ValueError(f"not {fmt} blocks: {blocks.dtype} {tuple(blocks.shape)}")
+        self._blocks, self.format = blocks, fmt
+
+    @property
+    def blocks(self) -> torch.Tensor:
+        if isinstance(self._blocks, np.ndarray):
+            self._blocks = torch.from_numpy(np.array(self._blocks, order="C"))
+        return self._blocks
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self._blocks.shape[0], self._blocks.shape[1] * BLOCK_ELEMENTS[self.format]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self._blocks.shape))
+
+    def dequantize(self) -> torch.Tensor:
+        from rtp_llm._native import ops
+
+        return ops().quant_dequantize(self.blocks)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` dequantized (an embedding lookup reads only these)."""
+        from rtp_llm._native import ops
+
+        return ops().quant_dequantize(self.blocks.index_select(0, ids.reshape(-1))).reshape(*ids.shape, -1)
+
+    @staticmethod
+    def cat(parts: list["QuantizedWeight"]) -> "QuantizedWeight | None":
+        """Row-wise concatenation (q | k | v, gate | up) when every part has the same format, else None."""
+        if len({p.format for p in parts}) != 1:
+            return None
+        if len(parts) == 1:
+            return parts[0]
+        if all(isinstance(p._blocks, np.ndarray) for p in parts):
+            return QuantizedWeight(torch.from_numpy(np.concatenate([p._blocks for p in parts])), parts[0].format)
+        return QuantizedWeight(torch.cat([p.blocks for p in parts]), parts[0].format)

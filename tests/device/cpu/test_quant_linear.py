@@ -1,0 +1,165 @@
+"""torch.ops.rtp_llm.quant_linear / quant_dequantize: GGUF block weights multiplied as stored.
+
+References are the `gguf` package's own: its quantizer makes the blocks, its dequantize gives each weight's
+value, and the product is taken in float64. Blocks are also made byte by byte (random nibbles and quants, scales
+that are zero, subnormal, huge, negative), which the quantizer would never write. Every row's result must be
+bit-identical whatever else is in the batch, and the same on a CPU without AVX-512."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as T  # noqa: E402
+from gguf import quants  # noqa: E402
+
+from rtp_llm._native import ops  # noqa: E402
+
+FORMATS = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]  # gguf's quantizer writes these
+K_QUANTS = ["Q4_K", "Q5_K", "Q6_K"]  # these only byte by byte (gguf has no quantizer for them)
+ALL = FORMATS + K_QUANTS
+R = ops()
+
+
+def block_bytes(fmt):
+    return gguf.GGML_QUANT_SIZES[getattr(T, fmt)][1]
+
+
+def block_elements(fmt):
+    return gguf.GGML_QUANT_SIZES[getattr(T, fmt)][0]
+
+
+def as_blocks(raw: np.ndarray, fmt: str) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(raw)).view(raw.shape[0], -1, block_bytes(fmt))
+
+
+def bytewise(fmt, n, k, seed=0, extreme=True):
+    """Random blocks (every quant, nibble and packed 6-bit scale at random). Their fp16 scales (and mins) are
+    hand-picked: zero, subnormal, tiny, huge, negative; or, with extreme=False, of a realistic size."""
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(n * k // block_elements(fmt), block_bytes(fmt)), dtype=np.uint8)
+    if extreme:
+        scales = np.array([0.0, 6e-8, 1e-4, 0.5, -2.0, 1000.0, 65504.0, -65504.0], dtype=np.float16)
+    else:
+        scales = (rng.uniform(0.002, 0.02, 64) * rng.choice([-1, 1], 64)).astype(np.float16)
+    offsets = {"Q6_K": [208], "Q4_1": [0, 2], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2]}.get(fmt, [0])
+    for o in offsets:
+        raw[:, o:o + 2] = scales[rng.integers(0, len(scales), len(raw))].view(np.uint8).reshape(-1, 2)
+    return raw.reshape(n, -1)
+
+
+def quantized(fmt, n, k, seed=0):
+    if fmt in K_QUANTS:
+        return bytewise(fmt, n, k, seed, extreme=False)
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    return quants.quantize(w, getattr(T, fmt))
+
+
+def reference(x: torch.Tensor, raw: np.ndarray, fmt: str, bias=None):
+    w = quants.dequantize(raw, getattr(T, fmt)).astype(np.float64)
+    y = x.double() @ torch.from_numpy(w).T
+    return y if bias is None else y + bias.double()
+
+
+def tolerance(x, raw, fmt):
+    w = np.abs(quants.dequantize(raw, getattr(T, fmt)).astype(np.float64))
+    # float32 sums of K products: a few units in the last place of the sum of magnitudes
+    return (x.double().abs() @ torch.from_numpy(w).T) * (x.shape[1] * 2.0 ** -23) + 1e-30
+
+
+@pytest.mark.parametrize("fmt", ALL)
+@pytest.mark.parametrize("make", [quantized, bytewise])
+def test_dequantize_is_gguf_bit_for_bit(fmt, make):
+    raw = make(fmt, 37, 256)
+    ours = R.quant_dequantize(as_blocks(raw, fmt)).numpy()
+    theirs = quants.dequantize(raw, getattr(T, fmt))
+    assert ours.dtype == np.float32 and ours.shape == theirs.shape
+    assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))  # bits, so -0.0 and NaN count
+
+
+@pytest.mark.parametrize("fmt", ALL)
+@pytest.mark.parametrize("n,k", [(37, 256), (8, 512), (129, 768), (1, 1536)])
+def test_matches_the_dequantized_matrix(fmt, n, k):
+    raw = quantized(fmt, n, k, seed=n + k)
+    x = torch.randn(11, k, generator=torch.Generator().manual_seed(k))
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    for b in (None, bias):
+        y = R.quant_linear(x, as_blocks(raw, fmt), b)
+        assert y.dtype == torch.float32 and y.shape == (11, n)
+        err = (y.double() - reference(x, raw, fmt, b)).abs()
+        assert bool((err <= tolerance(x, raw, fmt) + 1e-6).all()), err.max()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("k", [32, 96])
+def test_short_rows_of_32_element_blocks(fmt, k):
+    raw = quantized(fmt, 13, k, seed=k)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(k))
+    err = (R.quant_linear(x, as_blocks(raw, fmt), None).double() - reference(x, raw, fmt)).abs()
+    assert bool((err <= tolerance(x, raw, fmt) + 1e-6).all())
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_extreme_blocks_match_the_reference(fmt):
+    raw = bytewise(fmt, 45, 256, seed=3)
+    x = torch.randn(6, 256, generator=torch.Generator().manual_seed(1))
+    y = R.quant_linear(x, as_blocks(raw, fmt), None).double()
+    ref = reference(x, raw, fmt)
+    finite = torch.isfinite(ref)
+    assert bool(finite.any())
+    assert bool(((y - ref).abs()[finite] <= tolerance(x, raw, fmt)[finite] * 4).all())
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_a_rows_result_does_not_depend_on_the_batch(fmt):
+    raw = quantized(fmt, 45, 256, seed=7)
+    blocks = as_blocks(raw, fmt)
+    x = torch.randn(2048, 256, generator=torch.Generator().manual_seed(2))
+    full = R.quant_linear(x, blocks, None)
+    for m in (1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 257):
+        assert torch.equal(R.quant_linear(x[:m], blocks, None), full[:m]), m
+    for r in (0, 1, 5, 1000, 2047):  # one row alone, at the front of a batch and in the middle of another
+        assert torch.equal(R.quant_linear(x[r:r + 1], blocks, None), full[r:r + 1])
+        assert torch.equal(R.quant_linear(x[r:r + 6], blocks, None)[0], full[r])
+
+
+def _run_in_process(env_extra, fmt):
+    code = f"""
+import json, sys, numpy as np, torch
+sys.path.insert(0, {os.getcwd()!r})
+from tests.device.cpu.test_quant_linear import as_blocks, quantized
+from rtp_llm._native import ops
+R = ops()
+raw = quantized({fmt!r}, 29, 512, seed=5)
+x = torch.randn(37, 512, generator=torch.Generator().manual_seed(9))
+y = torch.cat([R.quant_linear(x, as_blocks(raw, {fmt!r}), None), R.quant_linear(x[:3], as_blocks(raw, {fmt!r}), None)])
+print(json.dumps({{"isa": R.cpu_isa(), "bits": y.view(torch.int32).flatten().tolist()}}))
+"""
+    env = dict(os.environ, **env_extra)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_same_bits_without_avx512(fmt):
+    native = _run_in_process({}, fmt)
+    portable = _run_in_process({"RTP_LLM_CPU_NO_AVX512": "1"}, fmt)
+    assert portable["isa"] != "avx512"
+    if native["isa"] != "avx512":
+        pytest.skip("this CPU has no AVX-512: both runs took the portable kernel")
+    assert native["bits"] == portable["bits"]
+
+
+def test_bad_blocks_are_refused_with_the_formats_named():
+    with pytest.raises(RuntimeError, match="Q8_0 34, Q4_0 18, Q4_1 20, Q5_0 22, Q5_1 24, Q4_K 144"):
+        R.quant_linear(torch.randn(2, 32), torch.zeros(3, 1, 19, dtype=torch.uint8), None)
+    with pytest.raises(RuntimeError, match="columns"):
+        R.quant_linear(torch.randn(2, 64), torch.zeros(3, 1, 34, dtype=torch.uint8), None)
+    with pytest.raises(RuntimeError, match="float32"):
+        R.quant_linear(torch.randn(2, 32, dtype=torch.bfloat16), torch.zeros(3, 1, 34, dtype=torch.uint8), None)

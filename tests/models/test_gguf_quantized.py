@@ -1,0 +1,149 @@
+"""GGUF weights kept as stored (--quantization auto) on the CPU: a tiny llama written in each block format, and
+the embedded default model (Q4_1 + Q8_0), against transformers loading the same file (its weights are gguf's
+dequantized values): the same greedy tokens, logits within 1e-3; through the engine with chunked prefill and
+prefix caching; and the resident memory the weights take after load."""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rtp_llm import LLM
+from rtp_llm.device.cpu.ops import CpuOps
+from rtp_llm.models.default_model import default_model_path
+from rtp_llm.models.registry import load_model
+from rtp_llm.sampling import SamplingParams
+from tests.models.static_generate import StaticRunner
+from tests.models.tiny_gguf import write_tiny_gguf
+
+FORMATS = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+PROMPTS = [[1, 504, 3458, 6353, 28, 17], [1, 9, 8, 7, 6, 5, 4, 3, 2000, 31000, 27, 40000, 5]]
+
+
+@functools.lru_cache(maxsize=2)
+def hf_model(path):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                              dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None
+    return hf
+
+
+def hf_reference(path, prompt, n):
+    hf = hf_model(path)
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          max_new_tokens=n, min_new_tokens=n, do_sample=False, output_logits=True,
+                          return_dict_in_generate=True, pad_token_id=2)
+    return out.sequences[0, len(prompt):].tolist(), [x[0] for x in out.logits]
+
+
+def assert_runs_as_stored(model, fmt_linears, fmt_embedding):
+    for layer in model.layers:
+        for lin in layer.linears():
+            assert lin.quantized is not None and lin.quantized.format == fmt_linears
+            assert lin.weight.numel() == 0  # no float copy beside the blocks
+            assert lin.kernel.packed.dtype == torch.uint8
+    assert model.embed_quantized is not None and model.embed_quantized.format == fmt_embedding
+    assert model.embed.numel() == 0
+
+
+@pytest.fixture(scope="module", params=FORMATS)
+def tiny(request, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp(request.param) / f"tiny_{request.param}.gguf")
+    return request.param, write_tiny_gguf(path, request.param, seed=FORMATS.index(request.param))
+
+
+def test_tiny_model_matches_transformers_on_the_same_file(tiny):
+    fmt, path = tiny
+    model, cfg = load_model(path, ops=CpuOps(), quantization="auto")
+    assert_runs_as_stored(model, fmt, fmt)
+    dense, _ = load_model(path, ops=CpuOps(), quantization="none")
+    assert all(lin.quantized is None for layer in dense.layers for lin in layer.linears())
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    ours = StaticRunner(model, cfg, num_blocks=32, block_size=16).generate(PROMPTS, params, keep_logits=True)
+    plain = StaticRunner(dense, cfg, num_blocks=32, block_size=16).generate(PROMPTS, params, keep_logits=True)
+    for prompt, out, out_dense in zip(PROMPTS, ours, plain):
+        tokens, logits = hf_reference(path, prompt, 12)
+        assert out.token_ids == tokens == out_dense.token_ids
+        for mine, theirs in zip(out.logits, logits):
+            assert (mine - theirs).abs().max().item() < 1e-3
+
+
+def test_engine_with_chunked_prefill_and_prefix_cache(tiny):
+    fmt, path = tiny
+    prompt = list(range(100, 160))  # 60 tokens: four 16-token chunks
+    tokens, _ = hf_reference(path, prompt, 8)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    with LLM(path, max_num_batched_tokens=16, block_size=16, num_blocks=64, max_model_len=512,
+             enable_prefix_caching=True) as llm:
+        assert llm.core.runner.model.layers[0].qkv.quantized.format == fmt
+        first = llm.generate([prompt], params, use_tqdm=False)[0]
+        again = llm.generate([prompt], params, use_tqdm=False)[0]  # its prefix now comes from the cache
+        assert first.outputs[0].token_ids == again.outputs[0].token_ids == tokens
+        assert again.num_cached_tokens >= 48
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return default_model_path()
+
+
+def test_smollm2_runs_q4_1_and_q8_0_as_stored_and_matches_transformers(smollm2):
+    model, cfg = load_model(smollm2, ops=CpuOps())
+    assert_runs_as_stored(model, "Q4_1", "Q8_0")
+    assert model.head.quantized is model.embed_quantized  # the tied head reads the embedding's blocks
+    prompt = [1, 504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767, 30]
+    out = StaticRunner(model, cfg, num_blocks=32, block_size=16).generate(
+        [prompt], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True), keep_logits=True)[0]
+    tokens, logits = hf_reference(smollm2, prompt, 16)
+    assert out.token_ids == tokens
+    for mine, theirs in zip(out.logits, logits):
+        assert (mine - theirs).abs().max().item() < 1e-3
+
+
+RSS = """
+import gc, json, os, sys
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+import torch, gguf
+from rtp_llm.device.cpu.ops import CpuOps
+from rtp_llm.models.registry import load_model
+ops = CpuOps()
+before = rss()
+model, cfg = load_model(sys.argv[1], ops=ops, quantization=sys.argv[2])
+gc.collect()
+print(json.dumps({"delta": rss() - before}))
+"""
+
+
+def test_resident_memory_after_load_is_within_1_5x_the_file(smollm2):
+    # a fresh process, so that only this load's pages count (no KV cache is allocated by load_model)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    res = subprocess.run([sys.executable, "-c", RSS, smollm2, "auto"], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    delta = json.loads(res.stdout.strip().splitlines()[-1])["delta"]
+    size = os.path.getsize(smollm2)
+    assert delta <= 1.5 * size, f"load added {delta / 1e6:.0f} MB of resident memory for a {size / 1e6:.0f} MB file"
+
+
+def test_the_quantization_setting_takes_auto_or_none_only(tiny):
+    from rtp_llm.config.engine_config import EngineConfig
+    from rtp_llm.config.server_args import resolve
+    from rtp_llm.errors import ConfigError
+
+    assert resolve([], {})["quantization"] == "auto"
+    assert resolve([], {"QUANTIZATION": "none"})["quantization"] == "none"
+    assert resolve(["--quantization", "auto"], {"QUANTIZATION": "none"})["quantization"] == "auto"
+    with pytest.raises(ConfigError, match="choose one of"):
+        resolve(["--quantization", "int8"], {})
+    with pytest.raises(ValueError, match="quantization"):
+        EngineConfig(quantization="int8")
+    with pytest.raises(ValueError, match="quantization must be one of auto, none"):
+        load_model(tiny[1], ops=CpuOps(), quantization="int4")
