@@ -1,8 +1,9 @@
 // quant_linear.cc's kernel for CPUs with AVX-512 (checked at run time). Two ways through, the same sums:
 // - few rows (decode): each weight block is decoded in registers and meets every row there, so the weights are
 //   streamed once at their stored size;
-// - more rows (prefill, large batches): a group of 8 weight rows is decoded once into a float32 scratch (L1/L2)
-//   and every input row, two at a time, reads it: the decoding is paid once per group, not once per row.
+// - more rows (prefill, large batches): a panel of 32 weight rows is decoded once into a float32 scratch (L2), and
+//   every input row, three at a time, meets the whole panel while it sits in L1: the decoding is paid once per
+//   panel, and the input is read from memory once per panel.
 // Both accumulate lane l over the 16-wide chunks in order and reduce with avx512::reduce1's tree (reduce8 is the
 // same tree for 8 vectors), as quant_linear.cc's portable kernel does.
 #include <ATen/Parallel.h>
@@ -26,7 +27,8 @@ using quant::half_at;
 using quant::kBlock;
 
 constexpr int64_t kDirectRows = 4;  // up to this many rows, blocks are decoded in registers per row group
-constexpr int kGroup = 8;           // weight rows decoded together into the scratch
+constexpr int kGroup = 8;           // weight rows one pass of the FMA loop takes (8 accumulators per input row)
+constexpr int64_t kPanel = 32;      // weight rows decoded together into the scratch (in L2), in groups of kGroup
 
 RTP_AVX512 inline __m512i bytes_to_epi32(__m128i v) { return _mm512_cvtepu8_epi32(v); }
 
@@ -103,56 +105,80 @@ RTP_AVX512 inline void decode(const uint8_t* b, int s, __m512& w0, __m512& w1) {
     }
 }
 
-// M rows (M <= kDirectRows) against weight row j, its blocks decoded in registers.
-template <Format F, int M>
-RTP_AVX512 void direct_rows(const uint8_t* wj, int64_t block_bytes, const float* x, int64_t k, float* acc_out) {
-    __m512 acc[M];
-    for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
+// M rows (M <= kDirectRows) against G consecutive weight rows from wj (G independent FMA chains per input row, so
+// the FMA latency is hidden even for one row), their blocks decoded in registers. res[r * G + q].
+template <Format F, int M, int G>
+RTP_AVX512 void direct_rows(const uint8_t* wj, int64_t row_bytes, int64_t block_bytes, const float* x, int64_t k,
+                            float* res) {
     constexpr int kSubs = quant::elements(F) / kBlock;
+    __m512 acc[M][G];
+    for (int r = 0; r < M; ++r)
+        for (int q = 0; q < G; ++q) acc[r][q] = _mm512_setzero_ps();
     for (int64_t b = 0; b < k / quant::elements(F); ++b) {
-        const uint8_t* blk = wj + b * block_bytes;
-        __builtin_prefetch(blk + 8 * block_bytes, 0, 2);
+        for (int q = 0; q < G; ++q) __builtin_prefetch(wj + q * row_bytes + (b + 8) * block_bytes, 0, 2);
         for (int sb = 0; sb < kSubs; ++sb) {
-            __m512 w0, w1;
-            decode<F>(blk, sb, w0, w1);
             const int64_t at = b * quant::elements(F) + sb * kBlock;
-            for (int r = 0; r < M; ++r) {
-                acc[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + r * k + at), acc[r]);
-                acc[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + r * k + at + 16), acc[r]);
+            for (int q = 0; q < G; ++q) {
+                __m512 w0, w1;
+                decode<F>(wj + q * row_bytes + b * block_bytes, sb, w0, w1);
+                for (int r = 0; r < M; ++r) {
+                    acc[r][q] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + r * k + at), acc[r][q]);
+                    acc[r][q] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + r * k + at + 16), acc[r][q]);
+                }
             }
         }
     }
-    for (int r = 0; r < M; ++r) acc_out[r] = reduce1(acc[r]);
+    for (int r = 0; r < M; ++r)
+        for (int q = 0; q < G; ++q) res[r * G + q] = reduce1(acc[r][q]);
+}
+
+template <Format F, int M>
+RTP_AVX512 void direct_m(const uint8_t* w, int64_t row_bytes, int64_t block_bytes, const float* x, const float* bias,
+                         float* out, int64_t k, int64_t n, int64_t j0, int64_t j1) {
+    constexpr int kCols = 4;
+    float res[M * kCols];
+    auto store = [&](int64_t j, int g) {
+        for (int r = 0; r < M; ++r)
+            for (int q = 0; q < g; ++q) out[r * n + j + q] = res[r * g + q] + (bias ? bias[j + q] : 0.f);
+    };
+    int64_t j = j0;
+    for (; j + kCols <= j1; j += kCols) {
+        direct_rows<F, M, kCols>(w + j * row_bytes, row_bytes, block_bytes, x, k, res);
+        store(j, kCols);
+    }
+    for (; j < j1; ++j) {
+        direct_rows<F, M, 1>(w + j * row_bytes, row_bytes, block_bytes, x, k, res);
+        store(j, 1);
+    }
 }
 
 template <Format F>
 RTP_AVX512 void direct(const uint8_t* w, int64_t block_bytes, const float* x, const float* bias, float* out,
                        int64_t m, int64_t k, int64_t n, int64_t j0, int64_t j1) {
     const int64_t row_bytes = k / quant::elements(F) * block_bytes;
-    float res[kDirectRows];
-    for (int64_t j = j0; j < j1; ++j) {
-        const uint8_t* wj = w + j * row_bytes;
-        switch (m) {
-            case 1: direct_rows<F, 1>(wj, block_bytes, x, k, res); break;
-            case 2: direct_rows<F, 2>(wj, block_bytes, x, k, res); break;
-            case 3: direct_rows<F, 3>(wj, block_bytes, x, k, res); break;
-            default: direct_rows<F, 4>(wj, block_bytes, x, k, res); break;
-        }
-        for (int64_t r = 0; r < m; ++r) out[r * n + j] = res[r] + (bias ? bias[j] : 0.f);
+    switch (m) {
+        case 1: return direct_m<F, 1>(w, row_bytes, block_bytes, x, bias, out, k, n, j0, j1);
+        case 2: return direct_m<F, 2>(w, row_bytes, block_bytes, x, bias, out, k, n, j0, j1);
+        case 3: return direct_m<F, 3>(w, row_bytes, block_bytes, x, bias, out, k, n, j0, j1);
+        default: return direct_m<F, 4>(w, row_bytes, block_bytes, x, bias, out, k, n, j0, j1);
     }
 }
 
-// Rows r0 .. r0 + R - 1 (R = 1 or 2) against the group's decoded rows (g of them, padded to kGroup).
+// R input rows (1 to 3) against the group's kGroup decoded rows: R x 8 accumulators, all in registers (the loop
+// bounds are constants), each weight vector loaded once for the R rows.
 template <int R>
-RTP_AVX512 void scratch_rows(const float* scratch, int g, const float* x, int64_t k, float res[R][kGroup]) {
+RTP_AVX512 void scratch_rows(const float* scratch, const float* x, int64_t k, float res[3][kGroup]) {
     __m512 acc[R][kGroup];
     for (int r = 0; r < R; ++r)
         for (int q = 0; q < kGroup; ++q) acc[r][q] = _mm512_setzero_ps();
     for (int64_t c = 0; c < k; c += 16) {
         __m512 xv[R];
         for (int r = 0; r < R; ++r) xv[r] = _mm512_loadu_ps(x + r * k + c);
-        for (int q = 0; q < g; ++q) {
-            const __m512 wv = _mm512_loadu_ps(scratch + q * k + c);
+        for (int q = 0; q < kGroup; ++q) {
+            __m512 wv = _mm512_loadu_ps(scratch + q * k + c);
+            // Kept in a register: otherwise GCC folds the load into each of the R FMAs (R loads per weight vector,
+            // and the loop is load-bound), as in gemv_avx512.cc.
+            asm("" : "+v"(wv));
             for (int r = 0; r < R; ++r) acc[r][q] = _mm512_fmadd_ps(wv, xv[r], acc[r][q]);
         }
     }
@@ -164,33 +190,35 @@ RTP_AVX512 void through_scratch(const uint8_t* w, int64_t block_bytes, const flo
                                 int64_t m, int64_t k, int64_t n, int64_t j0, int64_t j1) {
     constexpr int kSubs = quant::elements(F) / kBlock;
     const int64_t blocks = k / quant::elements(F), row_bytes = blocks * block_bytes;
-    std::vector<float> scratch(static_cast<size_t>(kGroup) * k);
-    for (int64_t j = j0; j < j1; j += kGroup) {
-        const int g = static_cast<int>(std::min<int64_t>(kGroup, j1 - j));
-        for (int q = 0; q < g; ++q) {
+    // a short last group leaves earlier rows in the scratch: their sums are computed and dropped
+    std::vector<float> scratch(static_cast<size_t>(kPanel) * k, 0.f);
+    for (int64_t p = j0; p < j1; p += kPanel) {
+        const int64_t cols = std::min<int64_t>(kPanel, j1 - p);
+        for (int64_t q = 0; q < cols; ++q) {  // the panel's weight rows, decoded once
             for (int64_t b = 0; b < blocks; ++b) {
                 for (int sb = 0; sb < kSubs; ++sb) {
                     __m512 w0, w1;
-                    decode<F>(w + (j + q) * row_bytes + b * block_bytes, sb, w0, w1);
+                    decode<F>(w + (p + q) * row_bytes + b * block_bytes, sb, w0, w1);
                     float* dst = &scratch[q * k + b * quant::elements(F) + sb * kBlock];
                     _mm512_storeu_ps(dst, w0);
                     _mm512_storeu_ps(dst + 16, w1);
                 }
             }
         }
-        float res[2][kGroup];
-        auto store = [&](int64_t r, int rr) {
-            for (int q = 0; q < g; ++q) out[r * n + j + q] = res[rr][q] + (bias ? bias[j + q] : 0.f);
-        };
-        int64_t r = 0;
-        for (; r + 2 <= m; r += 2) {
-            scratch_rows<2>(scratch.data(), g, x + r * k, k, res);
-            store(r, 0);
-            store(r + 1, 1);
-        }
-        if (r < m) {
-            scratch_rows<1>(scratch.data(), g, x + r * k, k, res);
-            store(r, 0);
+        // every input row meets the whole panel while it is in L1: x is read from memory once per panel
+        float res[3][kGroup];
+        for (int64_t r = 0; r < m; r += 3) {
+            const int rows = static_cast<int>(std::min<int64_t>(3, m - r));
+            for (int64_t g0 = 0; g0 < cols; g0 += kGroup) {
+                const float* panel = &scratch[g0 * k];
+                if (rows == 3) scratch_rows<3>(panel, x + r * k, k, res);
+                if (rows == 2) scratch_rows<2>(panel, x + r * k, k, res);
+                if (rows == 1) scratch_rows<1>(panel, x + r * k, k, res);
+                const int64_t g = std::min<int64_t>(kGroup, cols - g0);
+                for (int rr = 0; rr < rows; ++rr)
+                    for (int64_t q = 0; q < g; ++q)
+                        out[(r + rr) * n + p + g0 + q] = res[rr][q] + (bias ? bias[p + g0 + q] : 0.f);
+            }
         }
     }
 }
@@ -198,9 +226,9 @@ RTP_AVX512 void through_scratch(const uint8_t* w, int64_t block_bytes, const flo
 template <Format F>
 void run(const uint8_t* w, int64_t block_bytes, const float* x, const float* bias, float* out, int64_t m, int64_t k,
          int64_t n) {
-    const int64_t groups = (n + kGroup - 1) / kGroup;
-    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-        const int64_t j0 = g0 * kGroup, j1 = std::min(n, g1 * kGroup);
+    const int64_t panels = (n + kPanel - 1) / kPanel;
+    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+        const int64_t j0 = p0 * kPanel, j1 = std::min(n, p1 * kPanel);
         if (m <= kDirectRows) {
             direct<F>(w, block_bytes, x, bias, out, m, k, n, j0, j1);
         } else {
