@@ -149,8 +149,10 @@ class DecoderLM(nn.Module):
                 raise ShapeMismatchError(
                     f"tensor {name} has shape {tuple(tensor.shape)}, but the config implies {expected[name]}")
             if isinstance(tensor, QuantizedWeight):
-                if self._runs_quantized(tensor):
-                    got[name] = tensor
+                piece = slices.get(name)
+                shard = tensor if piece is None else tensor.narrow(*piece)  # whole blocks of this rank's slice
+                if self._runs_quantized(tensor) and shard is not None:
+                    got[name] = shard
                     continue
                 tensor = tensor.dequantize()
             got[name] = read_tensor(tensor, slices.get(name)).to(self.dtype)
@@ -191,8 +193,8 @@ class DecoderLM(nn.Module):
         self._log_weight_formats()
 
     def _runs_quantized(self, w: QuantizedWeight) -> bool:
-        # The quantized kernels take float32 activations and whole tensors (no tensor-parallel slices yet).
-        return self.tp is None and self.dtype == torch.float32 and w.format in self.ops.quantized_formats
+        # The quantized kernels take float32 activations.
+        return self.dtype == torch.float32 and w.format in self.ops.quantized_formats
 
     def _load_linear(self, lin: Linear, parts: list) -> None:
         """A linear layer's weight from its checkpoint tensors (row-concatenated): kept as blocks when they all are
@@ -248,14 +250,17 @@ class DecoderLM(nn.Module):
             return h.new_empty((0, self.cfg.vocab_size), dtype=torch.float32)
         return self.tp.gather_vocab(self.head(h).float(), self.shard, self.cfg.vocab_size)
 
-    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
         if self.embed_quantized is not None:
             return self.embed_quantized.rows(ids)
+        return F.embedding(ids, self.embed)
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp is None:
-            return F.embedding(ids, self.embed)
+            return self._lookup(ids)
         # Vocab-parallel: each rank looks up the ids in its rows, zeros the rest; the sum is exact.
         local = ids - self.shard.vocab_start
         outside = (local < 0) | (local >= self.shard.vocab)
-        x = F.embedding(local.masked_fill(outside, 0), self.embed)
+        x = self._lookup(local.masked_fill(outside, 0))
         x.masked_fill_(outside.unsqueeze(-1), 0)
         return self.tp.all_reduce(x)

@@ -27,6 +27,8 @@ class QuantizedWeight:
     def blocks(self) -> torch.Tensor:
         if isinstance(self._blocks, np.ndarray):
             self._blocks = torch.from_numpy(np.array(self._blocks, order="C"))
+        elif not self._blocks.is_contiguous():
+            self._blocks = self._blocks.contiguous()
         return self._blocks
 
     @property
@@ -47,6 +49,16 @@ class QuantizedWeight:
         from rtp_llm._native import ops
 
         return ops().quant_dequantize(self.blocks.index_select(0, ids.reshape(-1))).reshape(*ids.shape, -1)
+
+    def narrow(self, dim: int, start: int, stop: int) -> "QuantizedWeight | None":
+        """Rows (dim 0) or columns (dim 1) [start, stop) as whole blocks, for a tensor-parallel shard; None when a
+        column range does not fall on block boundaries (the caller then dequantizes)."""
+        if dim == 0:
+            return QuantizedWeight(self._blocks[start:stop], self.format)
+        per = BLOCK_ELEMENTS[self.format]
+        if start % per or stop % per:
+            return None
+        return QuantizedWeight(self._blocks[:, start // per:stop // per], self.format)
 
     @staticmethod
     def cat(parts: list["QuantizedWeight"]) -> "QuantizedWeight | None":

@@ -81,6 +81,13 @@ def test_smollm2_tp2_equals_tp1_through_the_llm_api():
     outs = {}
     for tp in (1, 2):
         with LLM(tp_size=tp, kv_cache_memory_gb=0.25, max_model_len=1024) as llm:
+            # the GGUF's blocks stay as stored, each rank holding whole blocks of its slice (rank 0 here)
+            model = llm.core.runner.model
+            layer = model.layers[0]
+            assert layer.qkv.quantized.format == "Q4_1" and model.embed_quantized.format == "Q8_0"
+            assert layer.mlp.down.quantized.shape == (576, 1536 // tp)  # row-parallel: columns split
+            assert layer.mlp.gate_up.quantized.shape == (2 * 1536 // tp, 576)  # column-parallel: rows split
+            assert model.embed_quantized.shape[0] == model.shard.vocab
             outs[tp] = llm.generate(prompts, params, use_tqdm=False)
     for a, b in zip(outs[1], outs[2]):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
@@ -88,6 +95,34 @@ def test_smollm2_tp2_equals_tp1_through_the_llm_api():
         torch.testing.assert_close(torch.tensor([x.logprob for x in b.outputs[0].logprobs]),
                                    torch.tensor([x.logprob for x in a.outputs[0].logprobs]), atol=1e-4, rtol=0)
     assert "Paris" in outs[2][0].outputs[0].text
+
+
+def test_k_quant_gguf_shards_on_whole_blocks(tmp_path):
+    """A Q4_K file (256-element blocks) under TP=2: gate/up rows and down's 512 -> 2 x 256 columns split on block
+    boundaries and stay as stored; o_proj's 256 -> 2 x 128 columns cannot, so that tensor is dequantized. Tokens
+    equal TP=1's and transformers' on the same file."""
+    from rtp_llm import LLM
+    from tests.models.tiny_gguf import write_tiny_gguf
+
+    path = write_tiny_gguf(str(tmp_path / "tiny_q4_k.gguf"), "Q4_K")
+    prompts = [[1, 504, 3458, 6353, 28, 17], list(range(100, 140))]
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    outs = {}
+    for tp in (1, 2):
+        with LLM(path, tp_size=tp, kv_cache_memory_gb=0.05, max_model_len=256) as llm:
+            layer = llm.core.runner.model.layers[0]
+            assert layer.mlp.down.quantized.format == "Q4_K" and layer.mlp.down.quantized.shape == (256, 512 // tp)
+            assert layer.mlp.gate_up.quantized.shape == (2 * 512 // tp, 256)
+            assert (layer.o.quantized is None) == (tp == 2)  # TP=2: dense (its kernel's packed float copy)
+            outs[tp] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert outs[1] == outs[2]
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="tiny_q4_k.gguf", dtype=torch.float32).eval()
+    for prompt, tokens in zip(prompts, outs[2]):
+        ref = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=2)
+        assert tokens == ref[0, len(prompt):].tolist()
 
 
 def test_bad_tp_settings_are_refused_before_anything_starts(tmp_path, monkeypatch):
