@@ -51,6 +51,7 @@ class Server:
         self.max_model_len = engine.max_model_len
         self.tokenizer = engine.tokenizer
         self.metrics = Metrics(engine, served_model_name)
+        self.users: dict[str, str] = {}  # request id -> the request's `user`, until it finishes or is closed
 
     # --- shared plumbing -----------------------------------------------------------------------------
     def check_model(self, name: Optional[str]) -> None:
@@ -58,9 +59,12 @@ class Server:
             raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
 
-    async def submit(self, prompt, params: SamplingParams, rid: str) -> RequestStream:
+    async def submit(self, prompt, params: SamplingParams, rid: str, user: Optional[str] = None) -> RequestStream:
         try:
-            return await self.engine.submit(prompt, params, rid)
+            stream = await self.engine.submit(prompt, params, rid)
+            if user is not None:
+                self.users[rid] = user
+            return stream
         except RequestRejected as exc:
             raise APIError(400, str(exc), param="prompt") from None
         except QueueFullError as exc:
@@ -73,9 +77,11 @@ class Server:
         m = out.metrics
         ttft = (m["first_token"] - m["arrival"]) if m.get("first_token") else float("nan")
         dur = (m["finish"] - m["arrival"]) if m.get("finish") else float("nan")
-        log.info("request %s finished: %s, tokens in=%d (cached %d) out=%d, ttft=%.3fs, duration=%.3fs",
+        user = self.users.pop(out.request_id, None)
+        log.info("request %s finished: %s, tokens in=%d (cached %d) out=%d, ttft=%.3fs, duration=%.3fs%s",
                  out.request_id, ",".join(str(o.finish_reason) for o in out.outputs), len(out.prompt_token_ids),
-                 out.num_cached_tokens, sum(len(o.token_ids) for o in out.outputs), ttft, dur)
+                 out.num_cached_tokens, sum(len(o.token_ids) for o in out.outputs), ttft, dur,
+                 "" if user is None else f", user={user!r}")
 
     async def merged(self, streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(stream index, output) from several streams as they come; closes all on exit."""
@@ -108,6 +114,7 @@ class Server:
                 t.cancel()
             for s in streams:
                 s.close()
+                self.users.pop(s.request_id, None)
 
     async def collect(self, request: Request, streams: list[RequestStream]) -> list[RequestOutput]:
         """Final outputs of non-streamed requests; a client that disconnects aborts them."""
@@ -175,7 +182,11 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
         msg = first.get("msg", "invalid request")
         if first.get("type") == "json_invalid":
             return _error(400, f"the body is not valid JSON: {msg}", code="invalid_json")
-        return _error(400, f"{'.'.join(loc) or 'body'}: {msg}", param=".".join(loc) or None)
+        field = ".".join(loc) or None
+        if first.get("type") == "extra_forbidden":
+            return _error(400, f"{field}: this server does not implement this field (remove it from the request)",
+                          param=field, code="unsupported_parameter")
+        return _error(400, f"{field or 'body'}: {msg}", param=field)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_, exc: StarletteHTTPException):
@@ -230,7 +241,7 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = srv.params(req, max_tokens, logprobs, len(ids))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = await srv.submit(ids, params, rid)
+        stream = await srv.submit(ids, params, rid, req.user)
         created = int(time.time())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -250,10 +261,11 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
         streams = []
         try:
             for i, (ids, p) in enumerate(zip(encoded, params)):
-                streams.append(await srv.submit(ids, p, f"{rid}-{i}"))
+                streams.append(await srv.submit(ids, p, f"{rid}-{i}", req.user))
         except APIError:
             for s in streams:
                 s.close()
+                srv.users.pop(s.request_id, None)
             raise
         created = int(time.time())
         if req.stream:

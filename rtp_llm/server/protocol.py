@@ -1,8 +1,9 @@
 """Request bodies of the HTTP API (pydantic), validated before anything reaches the engine.
 
 Fields follow OpenAI's API; a few engine extras (top_k, min_p, repetition_penalty, min_tokens,
-ignore_eos, stop_token_ids) are accepted as vLLM accepts them. Unknown fields are ignored, as
-OpenAI clients send fields this server does not use.
+ignore_eos, stop_token_ids) are accepted as vLLM accepts them. A field this server does not implement is
+refused (HTTP 400 naming it, app.py), never dropped: a client asking for tools, response_format or logit_bias
+must learn that it did not get them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
 class _Base(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
 
 class StreamOptions(_Base):
@@ -60,7 +61,7 @@ class _Sampling(_Base):
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     seed: Optional[int] = Field(None, ge=0, le=2**62)
-    user: Optional[str] = None
+    user: Optional[str] = Field(None, max_length=256)  # the end user's id: in the request's log line
     # engine extras
     top_k: int = Field(0, ge=-1)
     min_p: float = Field(0.0, ge=0, le=1)

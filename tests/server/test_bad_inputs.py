@@ -55,6 +55,31 @@ def test_bad_body_gets_4xx_with_error_body(small, path, body, status):
     assert err["message"] and err["type"] and "code" in err and "param" in err
 
 
+# Fields this server does not implement, at the top level and nested, on every route that takes a body: refused
+# with a 400 that names the field (its path for nested ones), never accepted and dropped.
+UNIMPLEMENTED = [
+    (CHAT, {"messages": MSG, "response_format": {"type": "json_object"}}, "response_format"),
+    (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    (CHAT, {"messages": MSG, "logit_bias": {"5": 10}}, "logit_bias"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi", "tool_call_id": "c1"}]}, "messages.0.tool_call_id"),
+    (CHAT, {"messages": MSG, "stream": True, "stream_options": {"include_usage": True, "continuous": True}},
+     "stream_options.continuous"),
+    (CMPL, {"prompt": "x", "best_of": 2}, "best_of"),
+    ("/", {"prompt": "x", "generate_config": {"max_new_tokens": 4, "do_sample": True}}, "generate_config.do_sample"),
+    ("/tokenize", {"prompt": "x", "add_bos": True}, "add_bos"),
+    ("/detokenize", {"tokens": [1], "skip_special_tokens": True}, "skip_special_tokens"),
+]
+
+
+@pytest.mark.parametrize("path,body,field", UNIMPLEMENTED)
+def test_an_unimplemented_field_is_refused_by_name(small, path, body, field):
+    r = httpx.post(small.url + path, json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == field and err["code"] == "unsupported_parameter" and field in err["message"]
+    assert err["type"] == "invalid_request_error"
+
+
 def test_invalid_json_and_oversized_body(small):
     r = httpx.post(small.url + CHAT, content=b"{not json", headers={"content-type": "application/json"}, timeout=30)
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]

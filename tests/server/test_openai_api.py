@@ -102,3 +102,27 @@ def test_prompt_over_max_model_len_is_400(server):
     r = httpx.post(server.url + "/v1/completions", json={"prompt": [5] * 1030, "max_tokens": 1}, timeout=30)
     assert r.status_code == 400
     assert "max_model_len" in r.json()["error"]["message"]
+
+
+def test_the_client_learns_that_an_unimplemented_feature_was_refused(client):
+    """The official client's own parameters this server does not implement come back as BadRequestError naming
+    them, instead of a normal-looking answer that ignored them."""
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=SERVED_NAME, messages=CONV, max_tokens=2,
+                                       response_format={"type": "json_object"})
+    assert err.value.body["param"] == "response_format" and err.value.body["code"] == "unsupported_parameter"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=SERVED_NAME, prompt="x", max_tokens=2, logit_bias={"5": 10})
+    assert err.value.body["param"] == "logit_bias"
+
+
+def test_user_is_recorded_with_the_request(client, server):
+    """`user` (OpenAI: the end user's id, for abuse monitoring) goes into the request's log line."""
+    out = client.chat.completions.create(model=SERVED_NAME, messages=CONV, max_tokens=3, user="alice-42")
+    line = next(x for x in server.output().splitlines() if f"request {out.id} finished" in x)
+    assert "user='alice-42'" in line
+    out = client.chat.completions.create(model=SERVED_NAME, messages=CONV, max_tokens=3)
+    line = next(x for x in server.output().splitlines() if f"request {out.id} finished" in x)
+    assert "user=" not in line
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=SERVED_NAME, messages=CONV, max_tokens=2, user="u" * 300)
