@@ -12,7 +12,7 @@ class EngineConfig:
     tokenizer: Optional[str] = None         # defaults to the model path
     model_type: Optional[str] = None        # qwen_3 | qwen_2 | llama; None = from the checkpoint
     dtype: str = "auto"
-    quantization: str = "auto"              # GGUF: auto = run the file's block formats as stored; none = dequantize
+    quantization: str = "auto"              # auto: GGUF blocks as stored; none: dequantize; int8: per-channel int8
     device: str = "cpu"
     max_model_len: Optional[int] = None     # None = the model's max_position_embeddings
     max_num_seqs: int = 128  # vLLM's CPU server default: concurrency under load, not a queue
@@ -46,7 +46,7 @@ class EngineConfig:
             ("tp_size", self.tp_size >= 1),
             ("tp_timeout_s", self.tp_timeout_s > 0),
             ("tp_heartbeat_timeout_s", self.tp_heartbeat_timeout_s > 0),
-            ("quantization", self.quantization in ("auto", "none")),
+            ("quantization", self.quantization in ("auto", "none", "int8")),
         ]
         for name, ok in checks:
             if not ok:

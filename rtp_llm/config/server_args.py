@@ -50,9 +50,10 @@ FLAGS = [
     Flag("model_type", "MODEL_TYPE", str, None, "qwen_3 | qwen_2 | llama (default: from the checkpoint)"),
     Flag("dtype", "DTYPE", str, "auto", "weight dtype", choices=("auto", "float32", "bfloat16", "float16")),
     Flag("quantization", "QUANTIZATION", str, "auto",
-         "GGUF weights: auto = keep the file's block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) in "
-         "memory where the device multiplies them (CPU, float32), none = dequantize at load",
-         choices=("auto", "none")),
+         "auto = keep a GGUF's block formats in memory where the device multiplies them (CPU float32: Q8_0, Q4_0, "
+         "Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; NPU: all but Q6_K), none = dequantize at load, int8 = linear layers as "
+         "per-output-channel int8 made at load (any checkpoint)",
+         choices=("auto", "none", "int8")),
     Flag("max_model_len", "MAX_SEQ_LEN", _opt_int, None, "longest prompt + output in tokens (default: the model's)"),
     Flag("max_num_seqs", "MAX_NUM_SEQS", int, 128, "sequences per step"),
     Flag("max_num_batched_tokens", "MAX_NUM_BATCHED_TOKENS", int, 2048, "tokens per step"),

@@ -92,6 +92,17 @@ class TorchOps:
     # GGUF block formats whose weights this op set's linear kernels read as stored (Linear.quantized); the
     # loader dequantizes every other one.
     quantized_formats: tuple[str, ...] = ()
+    quantized_dtypes: tuple[torch.dtype, ...] = ()  # the model dtypes those kernels take as activations
+
+    def runs_quantized(self, fmt: str, dtype: torch.dtype) -> bool:
+        """Whether a model of `dtype` keeps a matrix of GGUF format `fmt` as stored (else it is dequantized)."""
+        return fmt in self.quantized_formats and dtype in self.quantized_dtypes
+
+    def quantized_embedding(self, quantized, tied_head, like: torch.Tensor):
+        """ids -> embedding rows of a QuantizedWeight (rtp_llm/models/quantized.py): its dequantized rows. A device
+        whose head (tied_head: the LM head multiplying the same blocks, or None) holds a device form may read that;
+        `like`: the (empty) embedding parameter, for the model's dtype and device."""
+        return quantized.rows
 
     def prepare_linears(self, linears, head) -> None:
         """Called once after the weights are loaded: gives each linear layer (rtp_llm/layers/linear.py) its

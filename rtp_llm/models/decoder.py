@@ -85,6 +85,7 @@ class DecoderLM(nn.Module):
         vocab = self.shard.vocab
         self.embed = parameter((vocab, cfg.hidden_size), dtype, device)
         self.embed_quantized: QuantizedWeight | None = None  # the embedding as its file's blocks (then embed is empty)
+        self.embed_rows = None  # prepare(): ids -> rows of embed_quantized, as the op set looks them up
         self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device, self.shard, self.ops, self.tp)
                                     for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device, self.ops)
@@ -94,8 +95,12 @@ class DecoderLM(nn.Module):
         self.fused_layers = None  # prepare(): the op set's whole-step path, if it has one
 
     def prepare(self) -> None:
-        """After the weights are loaded: the device picks (and packs for) each linear layer's kernel."""
+        """After the weights are loaded: the device picks (and packs for) each linear layer's kernel, and the row
+        lookup of an embedding kept as blocks."""
         self.ops.prepare_linears([lin for layer in self.layers for lin in layer.linears()], self.head)
+        if self.embed_quantized is not None:
+            self.embed_rows = self.ops.quantized_embedding(self.embed_quantized, self.head if self.head.tied else None,
+                                                           self.embed)
         self.fused_layers = self.ops.fused_layers(self.layers, self.cfg)
 
     # --- weights -------------------------------------------------------------------------------------
@@ -132,9 +137,13 @@ class DecoderLM(nn.Module):
         return out
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | LazyTensor]], progress: bool = False) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | LazyTensor]], progress: bool = False,
+                     int8: bool = False) -> None:
         """Copies checkpoint tensors in (any order), checking names and full shapes first. Under tensor
-        parallelism only this rank's slice of each tensor is read (lazily, for safetensors)."""
+        parallelism only this rank's slice of each tensor is read (lazily, for safetensors). int8: each linear layer
+        (and an untied LM head) keeps per-output-channel int8 made from its float weight where the op set
+        multiplies that form (QuantizedWeight.per_channel_int8)."""
+        self._int8 = int8
         expected = self.expected_weights()
         slices = self.shard.weight_slices(self.cfg)
         got: dict[str, torch.Tensor] = {}
@@ -193,20 +202,27 @@ class DecoderLM(nn.Module):
         self._log_weight_formats()
 
     def _runs_quantized(self, w: QuantizedWeight) -> bool:
-        # The quantized kernels take float32 activations.
-        return self.dtype == torch.float32 and w.format in self.ops.quantized_formats
+        return self.ops.runs_quantized(w.format, self.dtype)
 
     def _load_linear(self, lin: Linear, parts: list) -> None:
         """A linear layer's weight from its checkpoint tensors (row-concatenated): kept as blocks when they all are
-        in one format, else dense."""
+        in one format, else dense (or, with int8, per-channel int8 made from the dense rows)."""
         if all(isinstance(t, QuantizedWeight) for t in parts):
             q = QuantizedWeight.cat(parts)
             if q is not None:
-                lin.quantized = q
-                lin.weight.data = torch.empty(0, dtype=self.dtype, device=lin.weight.device)
+                self._keep_quantized(lin, q)
                 return
-        lin.weight.copy_(torch.cat([t.dequantize().to(self.dtype) if isinstance(t, QuantizedWeight) else t
-                                    for t in parts]))
+        dense = torch.cat([t.dequantize().to(self.dtype) if isinstance(t, QuantizedWeight) else t for t in parts])
+        if getattr(self, "_int8", False) and self.ops.runs_quantized("Q8_0", self.dtype):
+            q = QuantizedWeight.per_channel_int8(dense)
+            if q is not None:
+                self._keep_quantized(lin, q)
+                return
+        lin.weight.copy_(dense)
+
+    def _keep_quantized(self, lin: Linear, q: QuantizedWeight) -> None:
+        lin.quantized = q
+        lin.weight.data = torch.empty(0, dtype=self.dtype, device=lin.weight.device)
 
     def _log_weight_formats(self) -> None:
         """One line: which format each class of tensor runs in, and the bytes the weights keep resident."""
@@ -252,7 +268,7 @@ class DecoderLM(nn.Module):
 
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
         if self.embed_quantized is not None:
-            return self.embed_quantized.rows(ids)
+            return self.embed_rows(ids)
         return F.embedding(ids, self.embed)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:

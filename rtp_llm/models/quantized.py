@@ -10,7 +10,9 @@ import torch
 # GGUF formats kept as blocks, with their block bytes (the block size tells them apart) and weights per block.
 BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 BLOCK_ELEMENTS = {f: 256 if f.endswith("_K") else 32 for f in BLOCK_BYTES}
-QUANTIZATION_MODES = ("auto", "none")  # auto: keep the file's quantization; none: dequantize at load
+# auto: keep a GGUF's block formats; none: dequantize at load; int8: every linear layer's weight (of any checkpoint)
+# as per-output-channel symmetric int8 made at load, in Q8_0 blocks that share their row's scale (same kernels).
+QUANTIZATION_MODES = ("auto", "none", "int8")
 
 
 class QuantizedWeight:
@@ -38,6 +40,29 @@ class QuantizedWeight:
     @property
     def nbytes(self) -> int:
         return int(np.prod(self._blocks.shape))
+
+    @classmethod
+    def per_channel_int8(cls, w: torch.Tensor) -> "QuantizedWeight | None":
+        """Symmetric int8 per output row: scale = max|row| / 127 as fp16, q = round(w / scale) in [-127, 127], laid
+        out as Q8_0 blocks that all carry their row's scale; None when K is not a multiple of 32."""
+        rows, cols = w.shape
+        if cols % 32:
+            return None
+        w = w.float()
+        scale = (w.abs().amax(dim=1) / 127).half()
+        s = scale.float().unsqueeze(1)
+        q = torch.where(s > 0, w / torch.where(s > 0, s, 1.0), 0.0).round().clamp(-127, 127).to(torch.int8)
+        blocks = torch.empty(rows, cols // 32, 34, dtype=torch.uint8)
+        blocks[:, :, 0:2] = scale.view(torch.uint8).reshape(rows, 1, 2)
+        blocks[:, :, 2:] = q.view(torch.uint8).reshape(rows, cols // 32, 32)
+        return cls(blocks, "Q8_0")
+
+    def int_groups(self):
+        """The matrix as integers with a scale and offset per 32 columns (rtp_llm/models/int_groups.py), or None
+        where the format does not map (Q6_K)."""
+        from rtp_llm.models.int_groups import int_groups
+
+        return int_groups(self.blocks, self.format)
 
     def dequantize(self) -> torch.Tensor:
         from rtp_llm._native import ops

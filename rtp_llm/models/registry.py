@@ -51,14 +51,15 @@ def load_model(
     tp: a TensorParallel group; the model then holds (and reads) only this rank's slices.
     config: the checkpoint's ModelConfig when the caller has read it already.
     quantization: auto = a GGUF's block-format matrices stay as stored where the op set multiplies them
-    (ops.quantized_formats), none = dequantized at load."""
+    (ops.runs_quantized), none = dequantized at load, int8 = every linear layer as per-output-channel int8 made at
+    load from its float weight (any checkpoint; a GGUF's blocks are dequantized first)."""
     if quantization not in QUANTIZATION_MODES:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_MODES)}, got {quantization!r}")
     cfg = config or load_config(path, model_type)
     torch_dtype = parse_dtype(dtype, default=stored_dtype(path, cfg))
     model = MODEL_CLASSES[cfg.model_type](cfg, dtype=torch_dtype, device=device, ops=ops, tp=tp)
     model.load_weights(iter_checkpoint(path, cfg, allow_pickle=allow_pickle, keep_quantized=quantization == "auto"),
-                       progress=progress)
+                       progress=progress, int8=quantization == "int8")
     model.prepare()  # each linear layer's kernel, packed as its device wants (CPU: panels or oneDNN's layout)
     log.info("loaded %s (%s, %d layers, %s) from %s", cfg.architecture, cfg.model_type, cfg.num_layers,
              torch_dtype, path)

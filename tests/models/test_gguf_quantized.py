@@ -133,7 +133,7 @@ def test_resident_memory_after_load_is_within_1_5x_the_file(smollm2):
     assert delta <= 1.5 * size, f"load added {delta / 1e6:.0f} MB of resident memory for a {size / 1e6:.0f} MB file"
 
 
-def test_the_quantization_setting_takes_auto_or_none_only(tiny):
+def test_the_quantization_setting_takes_auto_none_or_int8_only(tiny):
     from rtp_llm.config.engine_config import EngineConfig
     from rtp_llm.config.server_args import resolve
     from rtp_llm.errors import ConfigError
@@ -141,9 +141,11 @@ def test_the_quantization_setting_takes_auto_or_none_only(tiny):
     assert resolve([], {})["quantization"] == "auto"
     assert resolve([], {"QUANTIZATION": "none"})["quantization"] == "none"
     assert resolve(["--quantization", "auto"], {"QUANTIZATION": "none"})["quantization"] == "auto"
+    assert resolve(["--quantization", "int8"], {})["quantization"] == "int8"
+    assert EngineConfig(quantization="int8").quantization == "int8"
     with pytest.raises(ConfigError, match="choose one of"):
-        resolve(["--quantization", "int8"], {})
+        resolve(["--quantization", "int4"], {})
     with pytest.raises(ValueError, match="quantization"):
-        EngineConfig(quantization="int8")
-    with pytest.raises(ValueError, match="quantization must be one of auto, none"):
+        EngineConfig(quantization="fp8")
+    with pytest.raises(ValueError, match="quantization must be one of auto, none, int8"):
         load_model(tiny[1], ops=CpuOps(), quantization="int4")

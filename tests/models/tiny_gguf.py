@@ -13,9 +13,12 @@ LAYERS = 2
 K_QUANT_SCALE = {"Q4_K": 3e-4, "Q5_K": 1.5e-4, "Q6_K": 4e-5}
 
 
-def dims(fmt: str) -> tuple[int, int, int, int]:
-    """(hidden, heads, kv heads, intermediate): k-quant rows are whole 256-element blocks."""
-    return (256, 4, 2, 512) if fmt in K_QUANT_SCALE else (64, 2, 1, 128)
+def dims(fmt: str, head_dim_64: bool = False) -> tuple[int, int, int, int]:
+    """(hidden, heads, kv heads, intermediate): k-quant rows are whole 256-element blocks; head_dim_64 gives the
+    32-element formats a head dim the NPU's fused attention takes (the k-quant shapes have it already)."""
+    if fmt in K_QUANT_SCALE:
+        return 256, 4, 2, 512
+    return (128, 2, 1, 256) if head_dim_64 else (64, 2, 1, 128)
 
 
 def random_k_blocks(rng, fmt: str, rows: int, cols: int) -> np.ndarray:
@@ -32,7 +35,13 @@ def random_k_blocks(rng, fmt: str, rows: int, cols: int) -> np.ndarray:
     return raw.reshape(rows, -1)
 
 
-def write_tiny_gguf(path: str, fmt: str, seed: int = 0) -> str:
+# The tokenizer's large arrays: files written without them (with_vocab=False) parse in milliseconds instead of
+# seconds, for tests that pass the tokenizer in and load the weights several times.
+VOCAB_FIELDS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+                "tokenizer.ggml.scores", "tokenizer.chat_template")
+
+
+def write_tiny_gguf(path: str, fmt: str, seed: int = 0, head_dim_64: bool = False, with_vocab: bool = True) -> str:
     import gguf
 
     from rtp_llm.models.default_model import default_model_path
@@ -41,10 +50,10 @@ def write_tiny_gguf(path: str, fmt: str, seed: int = 0) -> str:
     vocab = len(src.fields["tokenizer.ggml.tokens"].contents())
     w = gguf.GGUFWriter(path, "llama")
     for key, field in src.fields.items():  # the tokenizer and its chat template, as stored
-        if key.startswith("tokenizer."):
+        if key.startswith("tokenizer.") and (with_vocab or key not in VOCAB_FIELDS):
             types = field.types
             w.add_key_value(key, field.contents(), types[0], types[-1] if len(types) > 1 else None)
-    HIDDEN, HEADS, KV_HEADS, INTER = dims(fmt)
+    HIDDEN, HEADS, KV_HEADS, INTER = dims(fmt, head_dim_64)
     head_dim = HIDDEN // HEADS
     w.add_block_count(LAYERS)
     w.add_context_length(2048)

@@ -32,6 +32,7 @@ class CpuOps(TorchOps):
     MLP_ROWS = 512
     # torch.ops.rtp_llm.quant_linear's formats (rtp_llm/cpp/cpu/quant_blocks.h), float32 activations.
     quantized_formats = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+    quantized_dtypes = (torch.float32,)
 
     def __init__(self, gemv_weights: str = "auto", available_memory=available_memory):
         from rtp_llm._native import ops

@@ -10,8 +10,10 @@ import logging
 import os
 
 import torch
+import torch.nn.functional as F
 
-from rtp_llm.device.torch_ops import TorchOps, apply_top_k_top_p
+from rtp_llm.device.npu.quant_linear import NpuQuantLinear
+from rtp_llm.device.torch_ops import TorchLinear, TorchOps, apply_top_k_top_p
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +38,54 @@ def load_custom_top_k_top_p():
 
 class NpuOps(TorchOps):
     name = "npu"
+    # GGUF formats kept quantized (npu_weight_quant_batchmatmul through QuantizedWeight.int_groups: Q6_K's 16-element
+    # sub-blocks are below the op's smallest group), with the op's activation dtypes.
+    quantized_formats = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K")
+    quantized_dtypes = (torch.bfloat16, torch.float16)
 
     def __init__(self):
         import torch_npu
 
         self.torch_npu = torch_npu
         self.custom_top_k_top_p = load_custom_top_k_top_p()
+
+    def prepare_linears(self, linears, head) -> None:
+        super().prepare_linears(linears, head)
+        kept, dense = [], []
+        for lin in [lin for lin in list(linears) + [head] if lin.quantized is not None]:
+            try:  # a head tied to the embedding stays int8: the embedding's row lookups read the same tensors
+                lin.kernel = self._quant_kernel(lin.quantized, lin.weight, pack_int4=not (lin is head and head.tied))
+                kept.append(lin)
+            except ValueError as exc:
+                dense.append(f"{lin.quantized.format} {lin.quantized.shape} ({exc})")
+                self._densify(lin.quantized, lin.weight)
+                lin.quantized = None
+                lin.kernel = TorchLinear(lin.weight)
+        if kept:
+            log.info("npu: %d matrices kept quantized for npu_weight_quant_batchmatmul (%s), %.1f MB on the device",
+                     len(kept), ", ".join(sorted({f"{lin.quantized.format} as int{4 if lin.kernel.int4 else 8}"
+                                                  for lin in kept})),
+                     sum(lin.kernel.nbytes for lin in kept) / 1e6)
+        if dense:
+            log.info("npu: dequantized at load: %s", "; ".join(dense))
+
+    def _quant_kernel(self, quantized, like, pack_int4: bool) -> NpuQuantLinear:
+        return NpuQuantLinear(self.torch_npu, quantized.int_groups(), like.dtype, like.device, pack_int4)
+
+    @staticmethod
+    def _densify(quantized, param) -> None:
+        param.data = quantized.dequantize().to(param.dtype).to(param.device)
+
+    def quantized_embedding(self, quantized, tied_head, like):
+        if tied_head is not None:
+            if isinstance(tied_head.kernel, NpuQuantLinear):
+                return tied_head.kernel.rows
+            return lambda ids: F.embedding(ids, like)  # the head fell back to dense: `like` holds the weight
+        try:
+            return self._quant_kernel(quantized, like, pack_int4=False).rows
+        except ValueError:
+            self._densify(quantized, like)
+            return lambda ids: F.embedding(ids, like)
 
     def rms_norm(self, x, weight, eps):
         return self.torch_npu.npu_rms_norm(x, weight, eps)[0]

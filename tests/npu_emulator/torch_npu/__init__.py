@@ -9,12 +9,14 @@ from torch_npu._device import monitor  # noqa: E402,F401
 from torch_npu._ops import (  # noqa: E402,F401
     _npu_reshape_and_cache,
     npu_add_rms_norm,
+    npu_convert_weight_to_int4pack,
     npu_fused_infer_attention_score,
     npu_rms_norm,
     npu_rotary_mul,
     npu_scatter_pa_kv_cache,
     npu_swiglu,
     npu_top_k_top_p,
+    npu_weight_quant_batchmatmul,
 )
 
 npu = _device.npu_module

@@ -8,7 +8,9 @@ Sources, cited beside each check as [docs] / [schema] / [atb] / [vllm-ascend]:
   op_plugin_functions.yaml): names, kinds and defaults of every parameter; tests/device/npu/test_torch_npu_api.py
   holds these functions' signatures to them;
 - [atb]: the ATB ReshapeAndCache operation doc and torch_npu's AtbOpsInterface.h (_npu_reshape_and_cache);
-- [vllm-ascend]: how vllm-ascend calls the operator (attention_v1.py), where the docs leave a case open.
+- [vllm-ascend]: how vllm-ascend calls the operator (attention_v1.py), where the docs leave a case open;
+- [aclnn]: CANN's aclnn operator docs (the formula of aclnnWeightQuantBatchMatmulV2);
+- [op-plugin]: the op's binding in op-plugin (op_plugin/ops/opapi/*KernelNpuOpApi.cpp): its argument checks.
 Where the documents disagree or are silent, the emulator refuses rather than guesses.
 """
 
@@ -332,3 +334,118 @@ def npu_top_k_top_p(logits, p=None, k=None):
     out = torch.full_like(x, float("-inf"))
     out.scatter_(1, idx, torch.where(keep, vals, torch.full_like(vals, float("-inf"))))
     return wrap(out)
+
+
+# --- weight-only quantized matmul ------------------------------------------------------------------------
+# int32 tensors made by npu_convert_weight_to_int4pack (their storages): the real op interleaves the 8 int4 of each
+# int32 in an order its docs do not give ("交叠排放"), so the emulator packs in its own order and
+# npu_weight_quant_batchmatmul takes an int32 weight only if it came from here. Callers never read the packed bits.
+_INT4_PACKED: set[int] = set()
+_MAX_KN = 65535
+
+
+def npu_convert_weight_to_int4pack(weight, inner_k_tiles=0):
+    op = "npu_convert_weight_to_int4pack"
+    w = _on_npu(op, "weight", weight)
+    if w.dtype != torch.int32 or w.dim() != 2:  # [docs] int32, 2-D (k, n) or (n, k)
+        raise NPUOpError(op, f"weight must be a 2-D int32 tensor, got {w.dim()}-D {w.dtype}")
+    _contiguous(op, "weight", w)  # [docs] 不支持非连续的Tensor
+    if w.shape[-1] % 8:  # [docs] the last dimension aligned to 8 elements
+        raise NPUOpError(op, f"the last dimension ({w.shape[-1]}) must be a multiple of 8")
+    if w.numel() and (int(w.min()) < -8 or int(w.max()) > 7):  # [docs] values in int4's range [-8, 7]
+        raise NPUOpError(op, f"values must be in [-8, 7], got [{int(w.min())}, {int(w.max())}]")
+    if inner_k_tiles != 0:  # [docs] reserved, unused
+        raise NPUOpError(op, "inner_k_tiles is reserved (0)")
+    nib = (w & 0xF).reshape(w.shape[0], -1, 8).to(torch.int64)
+    packed = (nib << (4 * torch.arange(8))).sum(-1)
+    packed = torch.where(packed >= 2 ** 31, packed - 2 ** 32, packed).to(torch.int32)
+    _INT4_PACKED.add(packed.untyped_storage().data_ptr())
+    return wrap(packed)
+
+
+def _unpack_int4(p: torch.Tensor) -> torch.Tensor:
+    """The emulator's packing undone: int32 [r, c] -> int [r, 8c] in [-8, 7]."""
+    nib = (p.to(torch.int64)[..., None] >> (4 * torch.arange(8))) & 0xF
+    return torch.where(nib >= 8, nib - 16, nib).reshape(p.shape[0], -1)
+
+
+def _transposed(t: torch.Tensor) -> bool:
+    """op-plugin's is_transpose_last_two_dims: the (K, N) view of a contiguous (N, K) tensor."""
+    return t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous()
+
+
+def npu_weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset=None, quant_scale=None,
+                                 quant_offset=None, bias=None, antiquant_group_size=0, inner_precise=0,
+                                 weight_dtype=None):  # [schema] the 2.13 yaml, in its order
+    """[aclnn] aclnnWeightQuantBatchMatmulV2: y = x @ ANTIQUANT(weight) + bias, ANTIQUANT(w) = (w + antiquant_offset)
+    * antiquant_scale. The emulator computes ANTIQUANT in float32 and rounds it once to x's dtype (the operand dtype
+    of the matrix unit; the docs do not say where the vector unit rounds), sums in float32, rounds the output."""
+    op = "npu_weight_quant_batchmatmul"
+    _not_emulated(op, quant_scale=quant_scale, quant_offset=quant_offset, weight_dtype=weight_dtype)
+    xi, w = _on_npu(op, "x", x), _on_npu(op, "weight", weight)
+    scale = _on_npu(op, "antiquant_scale", antiquant_scale)
+    if xi.dim() != 2 or w.dim() != 2:  # [docs] x (M, K), weight (K, N): two dims
+        raise NPUOpError(op, f"x and weight must be 2-D, got {tuple(xi.shape)} and {tuple(w.shape)}")
+    if xi.dtype not in (torch.float16, torch.bfloat16):  # [docs] x: float16, bfloat16
+        raise NPUOpError(op, f"x must be float16 or bfloat16, got {xi.dtype}")
+    if w.dtype not in (torch.int8, torch.int32):  # [docs] weight: int8, int32 carrying int4
+        raise NPUOpError(op, f"weight must be int8 or int32 (int4 packed), got {w.dtype}")
+    trans = _transposed(w)
+    if not (trans or w.is_contiguous()):  # [docs] ND, or the transposed view of an ND tensor
+        raise NPUOpError(op, f"weight must be contiguous or a transposed view (stride {w.stride()})")
+    if w.dtype == torch.int32:
+        if w.untyped_storage().data_ptr() not in _INT4_PACKED:
+            raise NPUOpError(op, "an int32 weight must come from npu_convert_weight_to_int4pack")
+        ints = _unpack_int4(w.t() if trans else w)
+        ints = ints.t() if trans else ints                   # (K, N): [op-plugin] K = 8 x rows when transposed
+    else:
+        ints = w.to(torch.int64)
+    K, N = ints.shape
+    M = xi.shape[0]
+    if xi.shape[1] != K:  # [op-plugin] "The k of x and weight should be equal"
+        raise NPUOpError(op, f"the k of x ({xi.shape[1]}) and weight ({K}) should be equal")
+    if not (1 <= K <= _MAX_KN and 1 <= N <= _MAX_KN) or M < 1:  # [docs] K, N in [1, 65535]; no empty tensors
+        raise NPUOpError(op, f"K and N must be in [1, 65535] and M >= 1, got M={M}, K={K}, N={N}")
+    g = antiquant_group_size
+    if not (g == 0 or (32 <= g <= K - 1 and g % 32 == 0)):  # [docs] [op-plugin] 0, or a multiple of 32 in [32, K-1]
+        raise NPUOpError(op, f"antiquant_group_size can be either 0 or a multiple of 32 within the range 32 to "
+                             f"weight_k_dim - 1 ({K - 1}), got {g}")
+    if inner_precise not in (0, 1):  # [op-plugin]
+        raise NPUOpError(op, f"inner_precise only supports 0 or 1, got {inner_precise}")
+    if scale.dtype != xi.dtype:  # [docs] float16/bfloat16 scale: x's dtype (int64 scales: not emulated)
+        raise NPUOpError(op, f"antiquant_scale must have x's dtype {xi.dtype}, got {scale.dtype}")
+    groups = -(-K // g) if g else 0
+    shape = tuple(scale.shape)
+    if g:  # [docs] per-group: (ceil(K / group), N)
+        if shape != (groups, N):
+            raise NPUOpError(op, f"per-group antiquant_scale must be (ceil(K/{g}), N) = ({groups}, {N}), got {shape}")
+    elif shape not in ((1,), (1, 1), (1, N), (N,)):  # [docs] per-tensor (1,) / (1, 1); per-channel (1, N) / (N,)
+        raise NPUOpError(op, f"antiquant_scale must be (1,), (1, 1), (1, N) or (N,) with N={N} when "
+                             f"antiquant_group_size is 0, got {shape}")
+    offset = None
+    if antiquant_offset is not None:
+        offset = _on_npu(op, "antiquant_offset", antiquant_offset)
+        if tuple(offset.shape) != shape:  # [docs] antiquant_scale and antiquant_offset shapes must agree
+            raise NPUOpError(op, f"antiquant_offset {tuple(offset.shape)} must have antiquant_scale's shape {shape}")
+        if offset.dtype != scale.dtype:  # [docs] float offsets: the scale's dtype (int32 offsets: not emulated)
+            raise NPUOpError(op, f"antiquant_offset must have antiquant_scale's dtype {scale.dtype}, got {offset.dtype}")
+
+    def per_weight(t: torch.Tensor) -> torch.Tensor:  # a scale / offset tensor expanded to (K, N)
+        t = t.float().reshape(-1, N) if t.numel() > 1 else t.float().reshape(1, 1)
+        return t.repeat_interleave(g, dim=0)[:K] if g else t.expand(K, N)
+
+    deq = ints.float()
+    if offset is not None:
+        deq = deq + per_weight(offset)
+    deq = (deq * per_weight(scale)).to(xi.dtype)
+    y = xi.float() @ deq.float()
+    if bias is not None:
+        b = _on_npu(op, "bias", bias)
+        want = torch.float32 if xi.dtype == torch.bfloat16 else torch.float16
+        if b.dtype != want:  # [docs] bias float32 with bfloat16 x, float16 with float16 x
+            raise NPUOpError(op, f"bias must be {want} with {xi.dtype} x, got {b.dtype}")
+        _contiguous(op, "bias", b)  # [docs] 不支持非连续的Tensor
+        if tuple(b.shape) not in ((N,), (1, N)):  # [docs] (N,) or (1, N)
+            raise NPUOpError(op, f"bias must be (N,) or (1, N) with N={N}, got {tuple(b.shape)}")
+        y = y + b.float().reshape(1, N)
+    return wrap(y.to(xi.dtype))
