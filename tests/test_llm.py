@@ -44,6 +44,22 @@ def test_generate_text_and_token_prompts_in_order(llm, hf):
         assert o.outputs[0].text == llm.tokenizer.decode(ref)
 
 
+def test_generate_takes_vllms_prompt_dicts(llm):
+    """vLLM's TextPrompt / TokensPrompt forms give what the plain text and ids give; other keys are refused."""
+    from rtp_llm.errors import RequestRejected
+
+    params = SamplingParams(max_tokens=6, temperature=0)
+    text, ids = "The capital of France is", [504, 3575, 282]
+    plain = llm.generate([text, ids], params, use_tqdm=False)
+    dicts = llm.generate([{"prompt": text}, {"prompt_token_ids": ids}], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in dicts] == [o.outputs[0].token_ids for o in plain]
+    assert [o.prompt_token_ids for o in dicts] == [o.prompt_token_ids for o in plain]
+    single = llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False)
+    assert single[0].outputs[0].token_ids == plain[1].outputs[0].token_ids
+    with pytest.raises(RequestRejected, match="'prompt' \\(text\\) or 'prompt_token_ids' alone"):
+        llm.generate({"prompt": text, "multi_modal_data": {}}, params, use_tqdm=False)
+
+
 def test_chat_uses_the_template_and_answers(llm, hf):
     conv = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
     out = llm.chat(conv, SamplingParams(max_tokens=16, temperature=0), use_tqdm=False)[0]

@@ -122,7 +122,8 @@ class EngineCore:
         if len(self.scheduler.waiting) >= self.config.max_queue_len:
             raise QueueFullError(f"the waiting queue is full ({self.config.max_queue_len} requests)")
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_ids)
-        req = Request(rid, list(ids), params, stop_ids, arrival=request.arrival)
+        req = Request(rid, list(ids), params, stop_ids, frozenset(params.stop_token_ids) | self.eos_ids,
+                      arrival=request.arrival)
         if params.timeout_ms is not None:
             req.deadline = req.arrival + params.timeout_ms / 1000
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(62)

@@ -14,7 +14,8 @@ from rtp_llm.engine.protocol import EngineRequest
 from rtp_llm.errors import RequestRejected
 from rtp_llm.sampling.params import SamplingParams
 
-Prompt = Union[str, Sequence[int]]
+# A text, token ids, or vLLM's TextPrompt / TokensPrompt dicts: {"prompt": text} / {"prompt_token_ids": ids}.
+Prompt = Union[str, Sequence[int], dict]
 
 
 class InputProcessor:
@@ -33,7 +34,25 @@ class InputProcessor:
         return self.tokenizer.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
 
     def encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, dict):
+            keys = set(prompt)
+            if keys == {"prompt_token_ids"}:
+                return [int(t) for t in prompt["prompt_token_ids"]]
+            if keys == {"prompt"} and isinstance(prompt["prompt"], str):
+                return self.tokenizer.encode(prompt["prompt"])
+            raise RequestRejected(f"a prompt dict takes 'prompt' (text) or 'prompt_token_ids' alone, got keys "
+                                  f"{sorted(keys)}")
         return self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+
+    def bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
+        """Each word's tokens as it would appear first in a text and after a space (vLLM's two spellings)."""
+        out: list[list[int]] = []
+        for word in words:
+            for text in (word, " " + word.lstrip(" ")):
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+                if ids and ids not in out:
+                    out.append(ids)
+        return out
 
     def process(self, request_id: str, prompt: Prompt, params: Optional[SamplingParams] = None,
                 arrival: Optional[float] = None) -> EngineRequest:
@@ -44,6 +63,12 @@ class InputProcessor:
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise RequestRejected(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        if params.bad_words and not params.bad_words_token_ids:
+            params.bad_words_token_ids = self.bad_words_ids(params.bad_words)
+        named = [t for t in params.token_ids_used() if not 0 <= int(t) < self.vocab_size]
+        if named:
+            raise RequestRejected(f"token id {named[0]} (in stop_token_ids, logit_bias or allowed_token_ids) is outside "
+                                  f"the vocabulary [0, {self.vocab_size})")
         if len(ids) + params.max_tokens > self.max_model_len:
             raise RequestRejected(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {len(ids) + params.max_tokens} "

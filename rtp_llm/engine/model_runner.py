@@ -90,7 +90,7 @@ class ModelRunner:
         batch = SamplingBatch.build([s.request.params for s in seqs], [s.seed for s in seqs],
                                     [len(s.output) for s in seqs], [s.prompt for s in seqs], [s.output for s in seqs],
                                     logits.shape[-1], logits.device)
-        banned = [(i, t) for i, s in enumerate(seqs) if s.stop_ids_banned for t in s.request.stop_ids]
+        banned = [(i, t) for i, s in enumerate(seqs) if s.stop_ids_banned for t in s.request.min_tokens_ids]
         if banned:  # min_tokens: stop tokens cannot be generated yet
             bi = torch.tensor([b[0] for b in banned]).to(logits.device)
             bt = torch.tensor([b[1] for b in banned]).to(logits.device)

@@ -87,7 +87,7 @@ class Sequence:
     @property
     def stop_ids_banned(self) -> bool:
         """min_tokens: the request's stop tokens may not be sampled yet."""
-        return len(self.output) < self.request.params.min_tokens and bool(self.request.stop_ids)
+        return len(self.output) < self.request.params.min_tokens and bool(self.request.min_tokens_ids)
 
 
 @dataclass(eq=False)
@@ -96,6 +96,8 @@ class Request:
     prompt_ids: list[int]
     params: SamplingParams
     stop_ids: frozenset[int] = frozenset()  # the token ids that end a sample: stop_token_ids, EOS unless ignored
+    # What min_tokens holds back: stop_token_ids and EOS even with ignore_eos (as vLLM: its stop-id set always has EOS)
+    min_tokens_ids: frozenset[int] = frozenset()
     arrival: float = field(default_factory=time.monotonic)
     sequences: list[Sequence] = field(default_factory=list)
     first_token_time: Optional[float] = None

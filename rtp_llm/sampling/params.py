@@ -24,6 +24,14 @@ class SamplingParams:
     n: int = 1
     logprobs: Optional[int] = None  # number of top logprobs to return (0 = only the sampled token's)
     timeout_ms: Optional[int] = None
+    # OpenAI's logit_bias: token id -> bias in [-100, 100], added to the logits before anything else samples them.
+    logit_bias: Optional[dict[int, float]] = None
+    # vLLM extras: sampling restricted to these ids; words (strings) the output may not contain. A word is banned
+    # by its token ids (bad_words_token_ids, with and without a leading space, filled by the input processor): its
+    # last token may not follow the rest of it.
+    allowed_token_ids: Optional[list[int]] = None
+    bad_words: list[str] = field(default_factory=list)
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -41,6 +49,10 @@ class SamplingParams:
             ("n", self.n >= 1, "must be >= 1"),
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "must be in [0, 20]"),
             ("timeout_ms", self.timeout_ms is None or self.timeout_ms > 0, "must be > 0"),
+            ("logit_bias", all(-100 <= float(v) <= 100 for v in (self.logit_bias or {}).values()),
+             "values must be in [-100, 100]"),
+            ("allowed_token_ids", self.allowed_token_ids is None or len(self.allowed_token_ids) > 0,
+             "must not be empty"),
         ]
         for name, ok, rule in checks:
             if not ok:
@@ -49,3 +61,13 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether a token mask or bias changes the logits before sampling (logit_bias, allowed ids, bad words)."""
+        return bool(self.logit_bias) or self.allowed_token_ids is not None or bool(self.bad_words_token_ids)
+
+    def token_ids_used(self) -> list[int]:
+        """Every token id the request names (for the vocabulary check)."""
+        ids = list(self.stop_token_ids) + list(self.logit_bias or {}) + list(self.allowed_token_ids or [])
+        return ids + [t for word in self.bad_words_token_ids for t in word]

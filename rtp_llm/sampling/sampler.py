@@ -1,8 +1,9 @@
-"""The batched sampler: penalties, temperature, top-k/top-p, min-p, seeded sampling, logprobs.
+"""The batched sampler: token masks and logit bias, penalties, temperature, top-k/top-p, min-p, seeded sampling,
+logprobs.
 
 All vocab-sized work is one tensor op over the whole [R, V] batch; per-request values arrive as
-[R] tensors built once per step (SamplingBatch). Order, as Hugging Face's generate applies it:
-repetition penalty, presence/frequency penalties, temperature, top-k then top-p (the documented
+[R] tensors built once per step (SamplingBatch). Order: allowed_token_ids, bad words (-inf), logit_bias (added),
+then as Hugging Face's generate applies them: repetition penalty, presence/frequency penalties, temperature, top-k then top-p (the documented
 npu_top_k_top_p algorithm, on the device's op set), min-p, then a draw. Greedy rows take the argmax of the
 penalised logits. Draws use the exponential race argmax(p / E) with E = -log(U) and U from the counter-based
 generator (sampling/random.py), which selects token i with probability p_i.
@@ -48,6 +49,9 @@ class SamplingBatch:
     steps: torch.Tensor                # [R] int64: tokens generated so far by each request
     all_greedy: bool
     num_logprobs: int                  # max top logprobs over rows; -1 = none asked
+    allowed: Optional[torch.Tensor] = None     # [R, V] bool: False where allowed_token_ids excludes a token
+    banned: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (rows, ids): bad words' next tokens
+    bias: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # (rows, ids, values): logit_bias
 
     @classmethod
     def build(cls, params: Sequence[SamplingParams], seeds: Sequence[int], steps: Sequence[int],
@@ -63,6 +67,21 @@ class SamplingBatch:
         use_rep = any(p.repetition_penalty != 1 for p in params)
         use_pf = any(p.presence_penalty != 0 or p.frequency_penalty != 0 for p in params)
         logprobs = [p.logprobs for p in params if p.logprobs is not None]
+        allowed = banned = bias = None
+        if any(p.allowed_token_ids is not None for p in params):
+            mask = torch.ones(len(params), vocab_size, dtype=torch.bool)
+            for i, p in enumerate(params):
+                if p.allowed_token_ids is not None:
+                    mask[i] = False
+                    mask[i, torch.tensor(p.allowed_token_ids, dtype=torch.int64)] = True
+            allowed = mask.to(device)
+        ban = [(i, t) for i, p in enumerate(params) for t in _bad_word_ends(p.bad_words_token_ids, output_tokens[i])]
+        if ban:
+            banned = (col([r for r, _ in ban], torch.int64), col([t for _, t in ban], torch.int64))
+        add = [(i, int(t), float(v)) for i, p in enumerate(params) for t, v in (p.logit_bias or {}).items()]
+        if add:
+            bias = (col([a[0] for a in add], torch.int64), col([a[1] for a in add], torch.int64),
+                    col([a[2] for a in add], torch.float32))
         return cls(
             temperature=col([1.0 if g else p.temperature for g, p in zip(greedy, params)], torch.float32),
             greedy=col(greedy, torch.bool),
@@ -79,7 +98,18 @@ class SamplingBatch:
             steps=col(list(steps), torch.int64),
             all_greedy=all(greedy),
             num_logprobs=max(logprobs) if logprobs else -1,
+            allowed=allowed, banned=banned, bias=bias,
         )
+
+
+def _bad_word_ends(words: Sequence[Sequence[int]], output: Sequence[int]) -> list[int]:
+    """The tokens that would complete a bad word now: a word's last token where the output ends with the rest."""
+    out = []
+    for w in words:
+        prefix = list(w[:-1])
+        if not prefix or list(output[len(output) - len(prefix):]) == prefix:
+            out.append(int(w[-1]))
+    return out
 
 
 @dataclass
@@ -100,7 +130,7 @@ class GreedyTokens:
     def applies(params: SamplingParams) -> bool:
         return (params.temperature == 0 and params.n == 1 and params.logprobs is None
                 and params.repetition_penalty == 1 and params.presence_penalty == 0
-                and params.frequency_penalty == 0)
+                and params.frequency_penalty == 0 and not params.shapes_logits)
 
 
 def _counts(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -113,6 +143,20 @@ def _counts(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
 class Sampler:
     def __init__(self, ops=None):
         self.ops = ops or TorchOps()
+
+    @staticmethod
+    def shape_logits(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+        """allowed_token_ids and bad words (-inf), then logit_bias (added), on a copy."""
+        if b.allowed is None and b.banned is None and b.bias is None:
+            return logits
+        logits = logits.clone()
+        if b.allowed is not None:
+            logits.masked_fill_(~b.allowed, float("-inf"))
+        if b.banned is not None:
+            logits[b.banned] = float("-inf")
+        if b.bias is not None:
+            logits.index_put_(b.bias[:2], b.bias[2].to(logits.dtype), accumulate=True)
+        return logits
 
     def apply_penalties(self, logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
         vocab = logits.shape[-1]
@@ -128,7 +172,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
         logits = logits.float()
         raw = logits
-        logits = self.apply_penalties(logits, b)
+        logits = self.apply_penalties(self.shape_logits(logits, b), b)
         greedy_ids = logits.argmax(dim=-1)
         if b.all_greedy:
             token_ids = greedy_ids

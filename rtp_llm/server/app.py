@@ -150,7 +150,8 @@ class Server:
                 top_p=req.top_p, min_p=req.min_p, repetition_penalty=req.repetition_penalty,
                 presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty, seed=req.seed,
                 stop=req.stop_list(), stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos,
-                n=req.n, logprobs=logprobs)
+                n=req.n, logprobs=logprobs, logit_bias=req.logit_bias_ids(), allowed_token_ids=req.allowed_token_ids,
+                bad_words=list(req.bad_words or []))
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
 

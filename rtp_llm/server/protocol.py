@@ -1,8 +1,8 @@
 """Request bodies of the HTTP API (pydantic), validated before anything reaches the engine.
 
 Fields follow OpenAI's API; a few engine extras (top_k, min_p, repetition_penalty, min_tokens,
-ignore_eos, stop_token_ids) are accepted as vLLM accepts them. A field this server does not implement is
-refused (HTTP 400 naming it, app.py), never dropped: a client asking for tools, response_format or logit_bias
+ignore_eos, stop_token_ids, allowed_token_ids, bad_words) are accepted as vLLM accepts them. A field this server does
+not implement is refused (HTTP 400 naming it, app.py), never dropped: a client asking for tools or response_format
 must learn that it did not get them.
 """
 
@@ -69,6 +69,24 @@ class _Sampling(_Base):
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
     stop_token_ids: Optional[list[int]] = None
+    logit_bias: Optional[dict[str, float]] = None  # OpenAI: token id (as a string key) -> bias in [-100, 100]
+    allowed_token_ids: Optional[list[int]] = Field(None, min_length=1)  # vLLM
+    bad_words: Optional[list[str]] = Field(None, max_length=MAX_STOP)   # vLLM
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v):
+        for key, bias in (v or {}).items():
+            try:
+                int(key)
+            except ValueError:
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {key}")
+        return v
+
+    def logit_bias_ids(self) -> Optional[dict[int, float]]:
+        return None if not self.logit_bias else {int(k): float(v) for k, v in self.logit_bias.items()}
 
     @field_validator("stop")
     @classmethod

@@ -239,3 +239,73 @@ def test_timeout_aborts_the_request(tiny):
     assert outs and outs[0].finished and outs[0].outputs[0].finish_reason == "abort"
     assert "timed out" in outs[0].error
     assert engine.stats()["kv_used_blocks"] == 0 and not engine.has_unfinished()
+
+
+def test_min_tokens_holds_back_eos_even_with_ignore_eos(tiny):
+    """vLLM's rule: min_tokens bans EOS (and the stop ids) for its first tokens whatever ignore_eos says."""
+    prompt = PROMPTS[0]
+    eos = tiny.greedy(prompt, 1)[0]  # the model's first choice is its EOS
+    plain = SamplingParams(max_tokens=8, temperature=0, min_tokens=4)
+    out = run_all(tiny.engine(eos_token_ids=[eos]), [(0, "a", prompt, plain)])["a"].outputs[0]
+    assert eos not in out.token_ids[:4] and len(out.token_ids) >= 4
+    out = run_all(tiny.engine(eos_token_ids=[eos]), [(0, "b", prompt, greedy(8, min_tokens=4))])  # ignore_eos
+    tokens = out["b"].outputs[0].token_ids
+    assert eos not in tokens[:4] and len(tokens) == 8
+
+
+def hf_greedy_with(tiny, prompt, n, **generate_kwargs):
+    """transformers' greedy continuation under its own logits processors (sequence_bias, bad_words_ids, ...)."""
+    import torch
+
+    with torch.no_grad():
+        out = tiny.hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                               max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
+                               **generate_kwargs)
+    return out[0, len(prompt):].tolist()
+
+
+def test_logit_bias_matches_transformers_sequence_bias(tiny):
+    prompt = PROMPTS[3]
+    ref = tiny.greedy(prompt, 12)
+    bias = {ref[0]: -100.0, ref[2]: -3.5, 77: 2.25}
+    expected = hf_greedy_with(tiny, prompt, 12, sequence_bias={(t,): b for t, b in bias.items()})
+    assert expected != ref  # the bias changes the answer
+    got = run_all(tiny.engine(), [(0, "a", prompt, greedy(12, logit_bias=bias))])["a"].outputs[0].token_ids
+    assert got == expected
+    forced = run_all(tiny.engine(), [(0, "b", prompt, greedy(5, logit_bias={123: 100.0}))])["b"].outputs[0]
+    assert forced.token_ids == [123] * 5
+
+
+def test_bad_words_match_transformers_bad_words_ids(tiny):
+    prompt = PROMPTS[2]
+    ref = tiny.greedy(prompt, 12)
+    words = [[ref[1]], [ref[4], ref[5]]]  # a one-token word, and a two-token word the model would write
+    expected = hf_greedy_with(tiny, prompt, 12, bad_words_ids=words)
+    assert expected != ref
+    params = greedy(12)
+    params.bad_words_token_ids = words  # what the input processor makes of bad_words strings
+    got = run_all(tiny.engine(), [(0, "a", prompt, params)])["a"].outputs[0].token_ids
+    assert got == expected
+
+
+def test_allowed_token_ids_restrict_every_sample(tiny):
+    allowed = [5, 17, 99, 200]
+    outs = run_all(tiny.engine(), [(0, f"s{i}", PROMPTS[i % 6], SamplingParams(
+        max_tokens=10, temperature=1.5, seed=i, ignore_eos=True, allowed_token_ids=allowed)) for i in range(6)])
+    seen = {t for o in outs.values() for t in o.outputs[0].token_ids}
+    assert seen <= set(allowed) and len(seen) >= 3
+    ref = tiny.greedy(PROMPTS[0], 6)
+    only = [t for t in range(256) if t != ref[0]][:50]
+    out = run_all(tiny.engine(), [(0, "g", PROMPTS[0], greedy(6, allowed_token_ids=only))])["g"].outputs[0]
+    assert set(out.token_ids) <= set(only)
+    expected = hf_greedy_with(tiny, PROMPTS[0], 6, prefix_allowed_tokens_fn=lambda b, ids: only)
+    assert out.token_ids == expected
+
+
+def test_token_ids_outside_the_vocabulary_are_refused(tiny):
+    eng = tiny.engine()
+    for params in (greedy(4, logit_bias={999999: 1.0}), greedy(4, allowed_token_ids=[3, 70000])):
+        with pytest.raises(RequestRejected, match="outside the vocabulary"):
+            eng.add_request("x", PROMPTS[0], params)
+    with pytest.raises(ValueError, match=r"logit_bias values must be in \[-100, 100\]"):
+        greedy(4, logit_bias={3: 101.0})

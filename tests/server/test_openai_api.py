@@ -112,8 +112,29 @@ def test_the_client_learns_that_an_unimplemented_feature_was_refused(client):
                                        response_format={"type": "json_object"})
     assert err.value.body["param"] == "response_format" and err.value.body["code"] == "unsupported_parameter"
     with pytest.raises(openai.BadRequestError) as err:
-        client.completions.create(model=SERVED_NAME, prompt="x", max_tokens=2, logit_bias={"5": 10})
-    assert err.value.body["param"] == "logit_bias"
+        client.completions.create(model=SERVED_NAME, prompt="x", max_tokens=2, best_of=2)
+    assert err.value.body["param"] == "best_of"
+
+
+def test_logit_bias_through_the_client(client):
+    """OpenAI's logit_bias: +100 on one token makes a greedy answer that token throughout; a token id outside the
+    vocabulary or a bias outside [-100, 100] is a 400 naming the problem."""
+    out = client.chat.completions.create(model=SERVED_NAME, messages=CONV, max_tokens=4, temperature=0,
+                                         logit_bias={"28": 100})
+    assert out.choices[0].message.content == "," * 4  # token 28 is "," in the SmolLM2 vocabulary
+    plain = client.completions.create(model=SERVED_NAME, prompt="The capital of France is", max_tokens=1,
+                                      temperature=0)
+    word = plain.choices[0].text.strip()  # the greedy first word (vLLM's bad_words: a word, any spacing)
+    assert word
+    banned = client.completions.create(model=SERVED_NAME, prompt="The capital of France is", max_tokens=3,
+                                       temperature=0, extra_body={"bad_words": [word]})
+    assert banned.choices[0].text and word not in banned.choices[0].text
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=SERVED_NAME, prompt="x", max_tokens=2, logit_bias={"999999": 5})
+    assert "outside the vocabulary" in err.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=SERVED_NAME, prompt="x", max_tokens=2, logit_bias={"5": 101})
+    assert "[-100, 100]" in err.value.body["message"]
 
 
 def test_user_is_recorded_with_the_request(client, server):
