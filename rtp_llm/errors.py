@@ -59,7 +59,12 @@ class TPWorkerError(RuntimeError):
 
 # --- requests ----------------------------------------------------------------------------------------------
 class RequestRejected(ValueError):
-    """The request can never be served as asked (too long for max_model_len or the KV pool, bad ids)."""
+    """The request can never be served as asked (too long for max_model_len or the KV pool, bad ids). `param`: the
+    request field at fault, where one is (the server's error body names it)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class QueueFullError(RuntimeError):

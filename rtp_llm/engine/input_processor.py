@@ -48,6 +48,9 @@ class InputProcessor:
         """Each word's tokens as it would appear first in a text and after a space (vLLM's two spellings)."""
         out: list[list[int]] = []
         for word in words:
+            if not word.strip():  # would ban a whitespace token, not a word
+                raise RequestRejected(f"bad_words: {word!r} is not a word (empty or only whitespace)",
+                                      param="bad_words")
             for text in (word, " " + word.lstrip(" ")):
                 ids = self.tokenizer.encode(text, add_special_tokens=False)
                 if ids and ids not in out:
@@ -65,10 +68,11 @@ class InputProcessor:
             raise RequestRejected(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
         if params.bad_words and not params.bad_words_token_ids:
             params.bad_words_token_ids = self.bad_words_ids(params.bad_words)
-        named = [t for t in params.token_ids_used() if not 0 <= int(t) < self.vocab_size]
-        if named:
-            raise RequestRejected(f"token id {named[0]} (in stop_token_ids, logit_bias or allowed_token_ids) is outside "
-                                  f"the vocabulary [0, {self.vocab_size})")
+        for name, named in params.token_id_fields().items():
+            bad = [t for t in named if not 0 <= int(t) < self.vocab_size]
+            if bad:
+                raise RequestRejected(f"{name}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
+                                      param=name)
         if len(ids) + params.max_tokens > self.max_model_len:
             raise RequestRejected(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {len(ids) + params.max_tokens} "

@@ -67,7 +67,8 @@ class SamplingParams:
         """Whether a token mask or bias changes the logits before sampling (logit_bias, allowed ids, bad words)."""
         return bool(self.logit_bias) or self.allowed_token_ids is not None or bool(self.bad_words_token_ids)
 
-    def token_ids_used(self) -> list[int]:
-        """Every token id the request names (for the vocabulary check)."""
-        ids = list(self.stop_token_ids) + list(self.logit_bias or {}) + list(self.allowed_token_ids or [])
-        return ids + [t for word in self.bad_words_token_ids for t in word]
+    def token_id_fields(self) -> dict[str, list[int]]:
+        """The token ids each field names (for the vocabulary check, which reports the field)."""
+        return {"stop_token_ids": list(self.stop_token_ids), "logit_bias": list(self.logit_bias or {}),
+                "allowed_token_ids": list(self.allowed_token_ids or []),
+                "bad_words": [t for word in self.bad_words_token_ids for t in word]}

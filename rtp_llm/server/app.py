@@ -66,7 +66,7 @@ class Server:
                 self.users[rid] = user
             return stream
         except RequestRejected as exc:
-            raise APIError(400, str(exc), param="prompt") from None
+            raise APIError(400, str(exc), param=exc.param or "prompt") from None
         except QueueFullError as exc:
             raise APIError(503, str(exc), "server_overloaded", code="queue_full") from None
         except EngineDeadError as exc:
@@ -152,8 +152,9 @@ class Server:
                 stop=req.stop_list(), stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos,
                 n=req.n, logprobs=logprobs, logit_bias=req.logit_bias_ids(), allowed_token_ids=req.allowed_token_ids,
                 bad_words=list(req.bad_words or []))
-        except ValueError as exc:
-            raise APIError(400, str(exc)) from None
+        except ValueError as exc:  # SamplingParams' messages start with the field's name
+            name = str(exc).split(" ", 1)[0]
+            raise APIError(400, str(exc), param=name if name in SamplingParams.__dataclass_fields__ else None) from None
 
 
 def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[str] = None,
@@ -299,8 +300,9 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
                 frequency_penalty=gc.frequency_penalty, seed=gc.random_seed, stop=gc.stop_words_str,
                 stop_token_ids=[x[0] for x in gc.stop_words_list], n=gc.num_return_sequences,
                 ignore_eos=gc.ignore_eos, timeout_ms=gc.timeout_ms)
-        except ValueError as exc:
-            raise APIError(400, str(exc)) from None
+        except ValueError as exc:  # SamplingParams' messages start with the field's name
+            name = str(exc).split(" ", 1)[0]
+            raise APIError(400, str(exc), param=name if name in SamplingParams.__dataclass_fields__ else None) from None
         rid = f"native-{uuid.uuid4().hex}"
         stream = await srv.submit(req.prompt, params, rid)
         t0 = time.monotonic()

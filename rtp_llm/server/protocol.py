@@ -76,11 +76,15 @@ class _Sampling(_Base):
     @field_validator("logit_bias")
     @classmethod
     def _logit_bias(cls, v):
+        seen: set[int] = set()
         for key, bias in (v or {}).items():
             try:
-                int(key)
+                token = int(key)
             except ValueError:
                 raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
+            if token in seen:  # "5" and "05": one bias would be dropped
+                raise ValueError(f"logit_bias names token {token} twice")
+            seen.add(token)
             if not -100 <= bias <= 100:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {key}")
         return v

@@ -123,3 +123,29 @@ def test_full_queue_gets_503():
         assert 200 in codes and 503 in codes and set(codes) <= {200, 503}
     finally:
         assert srv.stop() == 0
+
+
+# Fields that name token ids or words: a bad value is a 400 whose param is that field (not "prompt"), on both routes,
+# and nothing is half-applied (an empty bad word would otherwise ban the space token).
+TOKEN_FIELDS = [
+    ({"logit_bias": {"999999": 1}}, "logit_bias", "outside the vocabulary"),
+    ({"logit_bias": {"-1": 1}}, "logit_bias", "outside the vocabulary"),
+    ({"logit_bias": {"5": 101}}, "logit_bias", "[-100, 100]"),
+    ({"logit_bias": {"five": 1}}, "logit_bias", "token ids"),
+    ({"logit_bias": {"5": 1, "05": 2}}, "logit_bias", "twice"),
+    ({"allowed_token_ids": [3, 70000]}, "allowed_token_ids", "outside the vocabulary"),
+    ({"allowed_token_ids": []}, "allowed_token_ids", ""),
+    ({"stop_token_ids": [123456]}, "stop_token_ids", "outside the vocabulary"),
+    ({"bad_words": [""]}, "bad_words", "not a word"),
+    ({"bad_words": ["   "]}, "bad_words", "not a word"),
+]
+
+
+@pytest.mark.parametrize("path", [CHAT, CMPL])
+@pytest.mark.parametrize("extra,field,words", TOKEN_FIELDS)
+def test_a_bad_token_field_is_a_400_naming_it(small, path, extra, field, words):
+    body = {"messages": MSG} if path == CHAT else {"prompt": "hi"}
+    r = httpx.post(small.url + path, json={**body, "max_tokens": 2, **extra}, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == field and words in err["message"], err
