@@ -26,7 +26,8 @@ class LLM:
     def __init__(self, model: Optional[str] = None, **engine_args: Any):
         self.core = EngineCore(EngineConfig(model=model, **engine_args))
         self.tokenizer = self.core.tokenizer
-        self.processor = InputProcessor(self.tokenizer, self.core.max_model_len, self.core.vocab_size)
+        self.processor = InputProcessor(self.tokenizer, self.core.max_model_len, self.core.vocab_size,
+                                        self.core.grammars)
         self._ids = itertools.count()
 
     def close(self) -> None:

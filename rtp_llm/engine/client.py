@@ -179,7 +179,7 @@ class ThreadEngineClient(EngineClient):
         super().__init__(on_death)
         self.core = core
         self.model_path = core.model_path
-        self.processor = InputProcessor(core.tokenizer, core.max_model_len, core.vocab_size)
+        self.processor = InputProcessor(core.tokenizer, core.max_model_len, core.vocab_size, core.grammars)
         self._stats = core.stats()
         self._transport = ThreadTransport(self._handle)
         self._thread = threading.Thread(target=run, args=(core, self._transport), name="rtp-llm-engine",

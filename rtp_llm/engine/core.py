@@ -29,6 +29,7 @@ from rtp_llm.engine.scheduler import Scheduler, SchedulerOutput
 from rtp_llm.engine.sequence import FinishReason, Request, Sequence, SeqState
 from rtp_llm.errors import QueueFullError, RequestRejected, TPWorkerError
 from rtp_llm.models.default_model import with_default_model
+from rtp_llm.sampling.grammar import GrammarCompiler
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +89,13 @@ class EngineCore:
                 f"or lower max_model_len")
         self.scheduler = Scheduler(num_blocks, self.block_size, config.enable_prefix_caching, config.max_num_seqs,
                                    config.max_num_batched_tokens, config.prefill_chunk)
-        self.runner = ModelRunner(model, mc, num_blocks, self.block_size, self.device, config.attention_backend, tp)
-        self.output = OutputProcessor(self.max_model_len)
-        self.requests: dict[str, Request] = {}
         self.eos_ids = frozenset(mc.eos_token_ids) | (
             frozenset() if self.tokenizer.eos_token_id is None else {self.tokenizer.eos_token_id})
+        self.grammars = GrammarCompiler(self.tokenizer, mc.vocab_size, self.eos_ids)
+        self.runner = ModelRunner(model, mc, num_blocks, self.block_size, self.device, config.attention_backend, tp,
+                                  self.grammars)
+        self.output = OutputProcessor(self.max_model_len)
+        self.requests: dict[str, Request] = {}
         self._rng = random.Random(config.seed)
         self._seq_ids = itertools.count(1)
         self._pending: list[OutputDelta] = []  # outputs of aborts and timeouts, sent with the next step's
@@ -127,9 +130,11 @@ class EngineCore:
         if params.timeout_ms is not None:
             req.deadline = req.arrival + params.timeout_ms / 1000
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
+        so = params.structured_outputs
         for i in range(params.n):
             req.sequences.append(Sequence(next(self._seq_ids), req, i, base_seed + i,
-                                          IncrementalDetokenizer(self.tokenizer, params.stop)))
+                                          IncrementalDetokenizer(self.tokenizer, params.stop),
+                                          grammar=self.grammars.matcher(so) if so is not None else None))
         self.requests[rid] = req
         self.scheduler.add(req.sequences[0])
         for sib in req.sequences[1:]:

@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence, Union
 
 from rtp_llm.engine.protocol import EngineRequest
 from rtp_llm.errors import RequestRejected
+from rtp_llm.sampling.grammar import GrammarCompiler
 from rtp_llm.sampling.params import SamplingParams
 
 # A text, token ids, or vLLM's TextPrompt / TokensPrompt dicts: {"prompt": text} / {"prompt_token_ids": ids}.
@@ -19,11 +20,13 @@ Prompt = Union[str, Sequence[int], dict]
 
 
 class InputProcessor:
-    def __init__(self, tokenizer, max_model_len: int, vocab_size: int):
-        """vocab_size: the model's (its embedding rows), which may exceed the tokenizer's."""
+    def __init__(self, tokenizer, max_model_len: int, vocab_size: int, grammars: Optional[GrammarCompiler] = None):
+        """vocab_size: the model's (its embedding rows), which may exceed the tokenizer's. grammars: the engine's
+        compiler when it runs in this process (its cache is then shared)."""
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
+        self.grammars = grammars or GrammarCompiler(tokenizer, vocab_size)
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """The conversation through the model's chat template (ChatTemplateError if the template refuses it)."""
@@ -73,6 +76,8 @@ class InputProcessor:
             if bad:
                 raise RequestRejected(f"{name}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
                                       param=name)
+        if params.structured_outputs is not None:  # a constraint that cannot compile is refused here, not in a step
+            self.grammars.check(params.structured_outputs)
         if len(ids) + params.max_tokens > self.max_model_len:
             raise RequestRejected(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {len(ids) + params.max_tokens} "

@@ -23,6 +23,7 @@ from rtp_llm.engine.scheduler import SchedulerOutput
 from rtp_llm.errors import TPWorkerError
 from rtp_llm.models.decoder import DecoderLM
 from rtp_llm.sampling import GreedyTokens, Sampler, SamplingBatch
+from rtp_llm.sampling.grammar import GrammarCompiler
 
 
 @dataclass
@@ -36,8 +37,9 @@ class RunnerOutput:
 
 class ModelRunner:
     def __init__(self, model: DecoderLM, cfg: ModelConfig, num_blocks: int, block_size: int, device: Device,
-                 attention: Optional[str] = None, tp=None):
+                 attention: Optional[str] = None, tp=None, grammars: Optional[GrammarCompiler] = None):
         self.model, self.cfg = model, cfg
+        self.grammars = grammars  # computes the token masks of constrained rows
         self.block_size = block_size
         self.device = device.torch_device
         self.tp = tp if tp is not None and tp.size > 1 else None
@@ -96,6 +98,11 @@ class ModelRunner:
             bt = torch.tensor([b[1] for b in banned]).to(logits.device)
             logits = logits.clone()
             logits[bi, bt] = float("-inf")
+        constrained = [(i, s.grammar) for i, s in enumerate(seqs) if s.grammar is not None and s.grammar.active]
+        if constrained:  # the masks are computed on the host, then applied where the logits are
+            allowed = self.grammars.masks([g for _, g in constrained], logits.shape[-1])
+            batch.grammar = (torch.tensor([i for i, _ in constrained], dtype=torch.long).to(logits.device),
+                             allowed.to(logits.device))
         out = self.sampler(logits, batch)
         # The only device -> host copies of a step: R token ids (and logprobs when asked).
         return RunnerOutput(out.token_ids.cpu().tolist(),

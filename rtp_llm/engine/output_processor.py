@@ -41,6 +41,12 @@ class OutputProcessor:
             delta.logprobs.append(logprob)
         delta.token_ids.append(token)
         n_out = len(seq.output)
+        grammar_done = False
+        if seq.grammar is not None:
+            problem = seq.grammar.accept(token, seq.output)
+            if problem is not None:
+                raise ValueError(f"structured output: {problem}")
+            grammar_done = seq.grammar.done
         if token in req.stop_ids and n_out > params.min_tokens:
             return FinishReason.STOP, token
         detok = seq.detok
@@ -53,6 +59,9 @@ class OutputProcessor:
         if detok.stopped_by is not None:
             delta.text += text
             return FinishReason.STOP, detok.stopped_by
+        if grammar_done:  # the output is complete: what the grammar allows now is EOS alone
+            delta.text += text + detok.flush()
+            return FinishReason.STOP, None
         if n_out >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             delta.text += text + detok.flush()
             return FinishReason.LENGTH, None

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from rtp_llm.engine.detokenizer import IncrementalDetokenizer
+from rtp_llm.sampling.grammar import Grammar
 from rtp_llm.sampling.params import SamplingParams
 
 
@@ -52,6 +53,7 @@ class Sequence:
     finish_reason: Optional[FinishReason] = None
     stop_reason: Optional[object] = None  # the stop string or token id that ended it
     preemptions: int = 0
+    grammar: Optional[Grammar] = None  # the matcher of a structured-output request
 
     @property
     def prompt(self) -> list[int]:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
+from rtp_llm.sampling.structured_outputs import StructuredOutputs
 
 @dataclass
 class SamplingParams:
@@ -32,10 +33,17 @@ class SamplingParams:
     allowed_token_ids: Optional[list[int]] = None
     bad_words: list[str] = field(default_factory=list)
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
+    # The output must match a JSON schema, a regex, a choice or a grammar (a dict is read as StructuredOutputs).
+    structured_outputs: Optional[Union[StructuredOutputs, dict]] = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if isinstance(self.structured_outputs, dict):
+            try:
+                self.structured_outputs = StructuredOutputs(**self.structured_outputs)
+            except TypeError as exc:
+                raise ValueError(f"structured_outputs: {exc}") from None
         checks = [
             ("max_tokens", self.max_tokens >= 1, "must be >= 1"),
             ("min_tokens", 0 <= self.min_tokens <= self.max_tokens, "must be in [0, max_tokens]"),
@@ -64,8 +72,10 @@ class SamplingParams:
 
     @property
     def shapes_logits(self) -> bool:
-        """Whether a token mask or bias changes the logits before sampling (logit_bias, allowed ids, bad words)."""
-        return bool(self.logit_bias) or self.allowed_token_ids is not None or bool(self.bad_words_token_ids)
+        """Whether a token mask or bias changes the logits before sampling (logit_bias, allowed ids, bad words,
+        a grammar)."""
+        return (bool(self.logit_bias) or self.allowed_token_ids is not None or bool(self.bad_words_token_ids)
+                or self.structured_outputs is not None)
 
     def token_id_fields(self) -> dict[str, list[int]]:
         """The token ids each field names (for the vocabulary check, which reports the field)."""

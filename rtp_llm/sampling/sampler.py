@@ -3,8 +3,9 @@ logprobs.
 
 All vocab-sized work is one tensor op over the whole [R, V] batch; per-request values arrive as
 [R] tensors built once per step (SamplingBatch). Order: allowed_token_ids, bad words (-inf), logit_bias (added),
-then as Hugging Face's generate applies them: repetition penalty, presence/frequency penalties, temperature, top-k then top-p (the documented
-npu_top_k_top_p algorithm, on the device's op set), min-p, then a draw. Greedy rows take the argmax of the
+the grammar mask (-inf; where the masks together leave a row nothing, the grammar's alone), then as Hugging
+Face's generate applies them: repetition penalty, presence/frequency penalties, temperature, top-k then top-p (the
+documented npu_top_k_top_p algorithm, on the device's op set), min-p, then a draw. Greedy rows take the argmax of the
 penalised logits. Draws use the exponential race argmax(p / E) with E = -log(U) and U from the counter-based
 generator (sampling/random.py), which selects token i with probability p_i.
 
@@ -52,6 +53,7 @@ class SamplingBatch:
     allowed: Optional[torch.Tensor] = None     # [R, V] bool: False where allowed_token_ids excludes a token
     banned: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (rows, ids): bad words' next tokens
     bias: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # (rows, ids, values): logit_bias
+    grammar: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (rows [G], allowed [G, V] bool): grammar masks
 
     @classmethod
     def build(cls, params: Sequence[SamplingParams], seeds: Sequence[int], steps: Sequence[int],
@@ -146,9 +148,10 @@ class Sampler:
 
     @staticmethod
     def shape_logits(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
-        """allowed_token_ids and bad words (-inf), then logit_bias (added), on a copy."""
-        if b.allowed is None and b.banned is None and b.bias is None:
+        """allowed_token_ids and bad words (-inf), logit_bias (added), then the grammar masks, on a copy."""
+        if b.allowed is None and b.banned is None and b.bias is None and b.grammar is None:
             return logits
+        raw = logits
         logits = logits.clone()
         if b.allowed is not None:
             logits.masked_fill_(~b.allowed, float("-inf"))
@@ -156,6 +159,14 @@ class Sampler:
             logits[b.banned] = float("-inf")
         if b.bias is not None:
             logits.index_put_(b.bias[:2], b.bias[2].to(logits.dtype), accumulate=True)
+        if b.grammar is not None:
+            rows, allowed = b.grammar
+            ninf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+            shaped = torch.where(allowed, logits.index_select(0, rows), ninf)
+            # allowed_token_ids or a bad word can leave nothing the grammar allows: the grammar wins.
+            alone = torch.where(allowed, raw.index_select(0, rows), ninf)
+            dead = torch.isneginf(shaped.amax(dim=-1, keepdim=True))
+            logits.index_copy_(0, rows, torch.where(dead, alone, shaped))
         return logits
 
     def apply_penalties(self, logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
@@ -183,7 +194,10 @@ class Sampler:
             if b.min_p is not None:
                 keep = probs >= b.min_p[:, None] * probs.max(dim=-1, keepdim=True).values
                 probs = torch.where(keep, probs, torch.zeros((), device=probs.device))
+            # U rounds to exactly 1.0 in float32 about once in 2^24 draws: E = 0, and a masked token's 0 / 0 would be
+            # a NaN that argmax picks. A token of probability 0 never wins.
             race = probs / -torch.log(uniform(b.seeds, b.steps, probs.shape[-1]))
+            race = torch.where(probs > 0, race, torch.zeros((), device=race.device))
             token_ids = torch.where(b.greedy, greedy_ids, race.argmax(dim=-1))
         out = SamplerOutput(token_ids=token_ids)
         if b.num_logprobs >= 0:

@@ -144,16 +144,24 @@ class Server:
     def params(self, req, max_tokens: Optional[int], logprobs: Optional[int], prompt_len: int) -> SamplingParams:
         if max_tokens is None:
             max_tokens = max(1, self.max_model_len - prompt_len)
+        constraint, field = req.structured()
         try:
-            return SamplingParams(
+            params = SamplingParams(
                 max_tokens=max_tokens, min_tokens=req.min_tokens, temperature=req.temperature, top_k=req.top_k,
                 top_p=req.top_p, min_p=req.min_p, repetition_penalty=req.repetition_penalty,
                 presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty, seed=req.seed,
                 stop=req.stop_list(), stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos,
                 n=req.n, logprobs=logprobs, logit_bias=req.logit_bias_ids(), allowed_token_ids=req.allowed_token_ids,
-                bad_words=list(req.bad_words or []))
+                bad_words=list(req.bad_words or []), structured_outputs=constraint)
+            if constraint is not None:  # compiled here (and cached), so a bad schema is a 400 naming its field
+                self.engine.processor.grammars.check(params.structured_outputs)
+            return params
+        except RequestRejected as exc:
+            raise APIError(400, f"{field}: {exc}", param=field) from None
         except ValueError as exc:  # SamplingParams' messages start with the field's name
-            name = str(exc).split(" ", 1)[0]
+            name = str(exc).split(" ", 1)[0].rstrip(":")
+            if name.startswith("structured_outputs"):
+                raise APIError(400, str(exc), param=field) from None
             raise APIError(400, str(exc), param=name if name in SamplingParams.__dataclass_fields__ else None) from None
 
 

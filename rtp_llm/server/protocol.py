@@ -1,9 +1,9 @@
 """Request bodies of the HTTP API (pydantic), validated before anything reaches the engine.
 
 Fields follow OpenAI's API; a few engine extras (top_k, min_p, repetition_penalty, min_tokens,
-ignore_eos, stop_token_ids, allowed_token_ids, bad_words) are accepted as vLLM accepts them. A field this server does
-not implement is refused (HTTP 400 naming it, app.py), never dropped: a client asking for tools or response_format
-must learn that it did not get them.
+ignore_eos, stop_token_ids, allowed_token_ids, bad_words, structured_outputs, guided_*) are accepted as vLLM accepts
+them. A field this server does not implement is refused (HTTP 400 naming it, app.py), never dropped: a client asking
+for something this server does not do must learn that it did not get it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
 class _Base(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
 class StreamOptions(_Base):
@@ -50,6 +50,40 @@ class ChatMessage(_Base):
         return "".join(p.text for p in self.content)
 
 
+class JsonSchemaFormat(_Base):
+    name: str = Field(..., min_length=1, max_length=64)
+    description: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
+    strict: Optional[bool] = None  # every schema is enforced exactly (the grammar admits nothing else)
+
+
+class ResponseFormat(_Base):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+    @model_validator(mode="after")
+    def _schema(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format type json_schema needs a json_schema object")
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise ValueError(f"response_format type {self.type} takes no json_schema")
+        return self
+
+
+class StructuredOutputsRequest(_Base):
+    """vLLM's structured_outputs request field (exactly one member)."""
+    json_: Union[dict[str, Any], str, None] = Field(None, alias="json")
+    regex: Optional[str] = None
+    choice: Optional[list[str]] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+
+
+# The request fields that constrain the output; a request uses at most one.
+STRUCTURED_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                     "guided_grammar")
+
+
 class _Sampling(_Base):
     model: Optional[str] = None
     temperature: float = Field(1.0, ge=0, le=2)
@@ -72,6 +106,40 @@ class _Sampling(_Base):
     logit_bias: Optional[dict[str, float]] = None  # OpenAI: token id (as a string key) -> bias in [-100, 100]
     allowed_token_ids: Optional[list[int]] = Field(None, min_length=1)  # vLLM
     bad_words: Optional[list[str]] = Field(None, max_length=MAX_STOP)   # vLLM
+    # Structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_* names.
+    response_format: Optional[ResponseFormat] = None
+    structured_outputs: Optional[StructuredOutputsRequest] = None
+    guided_json: Union[dict[str, Any], str, None] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _one_constraint(self):
+        used = [f for f in STRUCTURED_FIELDS if getattr(self, f) is not None
+                and not (f == "response_format" and self.response_format.type == "text")]
+        if len(used) > 1:
+            raise ValueError(f"give at most one of {', '.join(used)}")
+        return self
+
+    def structured(self) -> tuple[Optional[dict], Optional[str]]:
+        """The output constraint as StructuredOutputs' fields, and the request field that asked for it."""
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            return {"json_object": True}, "response_format"
+        if rf is not None and rf.type == "json_schema":
+            schema = rf.json_schema.schema_
+            return {"json": schema if schema is not None else {}}, "response_format.json_schema"
+        so = self.structured_outputs
+        if so is not None:
+            fields = {k: v for k, v in {"json": so.json_, "regex": so.regex, "choice": so.choice,
+                                        "grammar": so.grammar, "json_object": so.json_object}.items() if v}
+            return fields, "structured_outputs"
+        for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                          ("guided_grammar", "grammar")):
+            if getattr(self, name) is not None:
+                return {key: getattr(self, name)}, name
+        return None, None
 
     @field_validator("logit_bias")
     @classmethod

@@ -52,13 +52,20 @@ TP_VARIANTS = {
                                         tie_word_embeddings=False)),
 }
 
+# A tiny model over the real SmolLM2 tokenizer's whole vocabulary (49,152 ids), for what needs every token of the
+# tokenizer to be sampleable: grammars force multi-character tokens (structured outputs, tool calls).
+FULL_VOCAB_VARIANTS = {
+    "llama_full_vocab": ("llama", dict(num_attention_heads=4, num_key_value_heads=2, vocab_size=49152,
+                                       tie_word_embeddings=True)),
+}
+
 
 def make_checkpoint(path, variant: str, seed: int = 0):
     """Writes config.json + model.safetensors into path; returns the transformers model (float32, eval)."""
     from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
                               Qwen3ForCausalLM)
 
-    arch, overrides = {**VARIANTS, **NPU_VARIANTS, **TP_VARIANTS}[variant]
+    arch, overrides = {**VARIANTS, **NPU_VARIANTS, **TP_VARIANTS, **FULL_VOCAB_VARIANTS}[variant]
     config_cls, model_cls = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
                              "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
     base = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,

@@ -149,3 +149,24 @@ def test_invalid_params_name_the_field():
                           ({"top_k": -2}, "top_k"), ({"n": 0}, "n"), ({"min_p": 1.5}, "min_p")]:
         with pytest.raises(ValueError, match=field):
             SamplingParams(**kwargs)
+
+
+def test_a_token_of_probability_zero_is_never_drawn_even_when_its_uniform_is_one():
+    """uniform() rounds to exactly 1.0 in float32 about once in 2^24 draws (E = -log U = 0): a token the filters
+    removed (probability 0) must still lose, not become 0 / 0 = NaN, which argmax picks."""
+    from rtp_llm.sampling.random import uniform
+
+    vocab, rows = 1 << 18, 96
+    u = uniform(torch.arange(rows, dtype=torch.int64), torch.zeros(rows, dtype=torch.int64), vocab)
+    hits = (u == 1.0).nonzero().tolist()
+    assert hits, "no uniform of exactly 1.0 in 25M draws: pick more rows"
+    seed, token = hits[0]
+    logits = torch.zeros(1, vocab)
+    logits[0, token] = float("-inf")  # e.g. masked by a grammar or allowed_token_ids
+    for params in (SamplingParams(temperature=1.0, seed=seed),
+                   SamplingParams(temperature=1.0, seed=seed, allowed_token_ids=[token - 1, token + 1])):
+        if params.allowed_token_ids:
+            logits = torch.zeros(1, vocab)
+        b = SamplingBatch.build([params], [seed], [0], [[]], [[]], vocab)
+        got = Sampler()(logits, b).token_ids.item()
+        assert got != token

@@ -58,9 +58,9 @@ def test_bad_body_gets_4xx_with_error_body(small, path, body, status):
 # Fields this server does not implement, at the top level and nested, on every route that takes a body: refused
 # with a 400 that names the field (its path for nested ones), never accepted and dropped.
 UNIMPLEMENTED = [
-    (CHAT, {"messages": MSG, "response_format": {"type": "json_object"}}, "response_format"),
-    (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    (CHAT, {"messages": [{"role": "user", "content": "hi", "tool_call_id": "c1"}]}, "messages.0.tool_call_id"),
+    (CHAT, {"messages": MSG, "prediction": {"type": "content", "content": "x"}}, "prediction"),
+    (CHAT, {"messages": MSG, "response_format": {"type": "json_object", "strict": True}}, "response_format.strict"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi", "audio": {"id": "a1"}}]}, "messages.0.audio"),
     (CHAT, {"messages": MSG, "stream": True, "stream_options": {"include_usage": True, "continuous": True}},
      "stream_options.continuous"),
     (CMPL, {"prompt": "x", "best_of": 2}, "best_of"),

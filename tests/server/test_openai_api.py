@@ -109,8 +109,8 @@ def test_the_client_learns_that_an_unimplemented_feature_was_refused(client):
     them, instead of a normal-looking answer that ignored them."""
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=SERVED_NAME, messages=CONV, max_tokens=2,
-                                       response_format={"type": "json_object"})
-    assert err.value.body["param"] == "response_format" and err.value.body["code"] == "unsupported_parameter"
+                                       prediction={"type": "content", "content": "Paris"})
+    assert err.value.body["param"] == "prediction" and err.value.body["code"] == "unsupported_parameter"
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=SERVED_NAME, prompt="x", max_tokens=2, best_of=2)
     assert err.value.body["param"] == "best_of"

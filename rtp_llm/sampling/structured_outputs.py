@@ -1,0 +1,46 @@
+"""StructuredOutputs: what a request's output must match (vLLM's StructuredOutputsParams): a JSON schema, any JSON
+object, a regular expression, one of a list of strings, or a grammar (Lark, or GBNF as llama.cpp writes it).
+Exactly one is given. sampling/grammar.py turns it into a token mask per step.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+KINDS = ("json", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass
+class StructuredOutputs:
+    json: Optional[Union[str, dict]] = None      # a JSON schema (dict or its text)
+    json_object: bool = False                    # any JSON object
+    regex: Optional[str] = None
+    choice: Optional[list[str]] = None
+    grammar: Optional[str] = None                # Lark (llguidance's dialect) or GBNF
+    # The constraint starts after these tokens appear in the output (the end of a reasoning part, e.g. </think>);
+    # empty = from the first token.
+    after_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        given = [k for k in KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs takes exactly one of {', '.join(KINDS)}, got "
+                             f"{', '.join(given) or 'none'}")
+        if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
+            raise ValueError("structured_outputs.choice must be a non-empty list of non-empty strings")
+        self.after_token_ids = tuple(int(t) for t in self.after_token_ids)
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in KINDS if getattr(self, k) not in (None, False))
+
+    def key(self) -> tuple:
+        """Equal for requests that compile to the same grammar (the compiled-grammar cache key)."""
+        value: Any = getattr(self, self.kind)
+        if self.kind == "json" and not isinstance(value, str):
+            value = json.dumps(value, sort_keys=True)
+        elif self.kind == "choice":
+            value = tuple(value)
+        return self.kind, value
