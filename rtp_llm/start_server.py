@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from rtp_llm.models.default_model import SERVED_NAME
-    from rtp_llm.server.app import create_app
+    from rtp_llm.server.app import ChatOptions, create_app
 
     name = args["served_model_name"] or (
         SERVED_NAME if config.model is None else os.path.basename(os.path.normpath(config.model)))
@@ -78,7 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         engine.stop_accepting()
         engine.shutdown()  # the engine process closes the engine (and any tensor-parallel workers)
 
-    app = create_app(engine, name, args["api_key"], args["max_body_bytes"], on_shutdown=_stop_engine)
+    template = args["chat_template"]
+    if template is not None and os.path.isfile(template):
+        with open(template) as f:
+            template = f.read()
+    app = create_app(engine, name, args["api_key"], args["max_body_bytes"], on_shutdown=_stop_engine,
+                     chat_options=ChatOptions(template, args["tool_call_parser"], args["reasoning_parser"]))
 
     log.info("serving %s as %r on http://%s:%d (device %s, engine process pid %d)", engine.model_path, name,
              args["host"], args["port"], device, engine.pid)

@@ -27,6 +27,10 @@ def _opt_int(v: str) -> Optional[int]:
     return None if str(v).lower() in ("", "none", "auto") else int(v)
 
 
+def _opt_str(v: str) -> Optional[str]:
+    return None if str(v).lower() in ("", "none") else str(v)
+
+
 def _opt_float(v: str) -> Optional[float]:
     return None if str(v).lower() in ("", "none", "auto") else float(v)
 
@@ -80,6 +84,16 @@ FLAGS = [
     Flag("api_key", "API_KEY", str, None, "require 'Authorization: Bearer <key>' on every route but /health"),
     Flag("served_model_name", "SERVED_MODEL_NAME", str, None, "model name in the API (default: from the path)"),
     Flag("max_body_bytes", "MAX_BODY_BYTES", int, 1 << 20, "largest request body accepted"),
+    Flag("chat_template", "CHAT_TEMPLATE", str, None,
+         "a Jinja chat template (a file path or the template itself) replacing the model's"),
+    Flag("tool_call_parser", "TOOL_CALL_PARSER", str, "auto",
+         "how tool calls are read from answers (tool_choice auto): hermes = <tool_call>{json}</tool_call> (Qwen2.5, "
+         "Qwen3), llama3_json = {\"name\", \"parameters\"} objects (Llama 3.1/3.2); auto = from the chat template "
+         "when unambiguous, none = tool_choice auto refused",
+         choices=("auto", "none", "hermes", "llama3_json")),
+    Flag("reasoning_parser", "REASONING_PARSER", _opt_str, None,
+         "split <think>...</think> into reasoning_content: qwen3 (the answer may open <think>), deepseek_r1 (the "
+         "template opens it); none = no split", choices=("qwen3", "deepseek_r1")),
     Flag("shutdown_timeout", "SHUTDOWN_TIMEOUT", float, 30.0, "seconds in-flight requests get on SIGTERM/SIGINT"),
     Flag("allow_pickle", "ALLOW_PICKLE", _bool, False, "allow pickle (.bin) checkpoints (runs their code)"),
     Flag("log_level", "LOG_LEVEL", str, "info", "logging level", choices=("debug", "info", "warning", "error")),
@@ -115,7 +129,7 @@ def resolve(argv: Optional[list[str]] = None, environ: Optional[dict] = None) ->
             value = f.type(raw)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}={raw!r}: {exc}") from None
-        if f.choices and value not in f.choices:
+        if f.choices and value is not None and value not in f.choices:
             raise ConfigError(f"{source}={raw!r}: choose one of {', '.join(f.choices)}")
         out[f.name] = value
     return out

@@ -28,13 +28,17 @@ class InputProcessor:
         self.vocab_size = vocab_size
         self.grammars = grammars or GrammarCompiler(tokenizer, vocab_size)
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The conversation through the model's chat template (ChatTemplateError if the template refuses it)."""
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **variables) -> str:
+        """The conversation through the model's chat template (ChatTemplateError if the template refuses it);
+        variables: more of the template's context (tools=, a request's chat_template_kwargs such as
+        enable_thinking)."""
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **variables)
 
-    def chat_prompt(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    def chat_prompt(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    **variables) -> list[int]:
         # The template writes the special tokens itself.
-        return self.tokenizer.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+        return self.tokenizer.encode(self.render_chat(messages, add_generation_prompt, **variables),
+                                     add_special_tokens=False)
 
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, dict):

@@ -28,6 +28,7 @@ _PARAM = "structured_outputs"  # the server renames it to the field the request 
 # Whitespace between JSON tokens: a space, or a newline and an indent of at most 20 (llama.cpp's json-schema rule).
 # Unbounded whitespace lets a weak model fill max_tokens with blanks inside a valid document.
 _JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})"}
+_COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def grammar_source(so: StructuredOutputs) -> str:
@@ -35,6 +36,7 @@ def grammar_source(so: StructuredOutputs) -> str:
     import llguidance as llg
 
     kind = so.kind
+    options = _COMPACT_JSON if so.disable_any_whitespace else _JSON_OPTIONS
     if kind == "json":
         schema = so.json
         if isinstance(schema, str):
@@ -44,9 +46,9 @@ def grammar_source(so: StructuredOutputs) -> str:
                 raise RequestRejected(f"the JSON schema is not valid JSON: {exc}", param=_PARAM) from None
         if not isinstance(schema, (dict, bool)):
             raise RequestRejected("a JSON schema must be an object", param=_PARAM)
-        return llg.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
+        return llg.LLMatcher.grammar_from_json_schema(schema, defaults=options)
     if kind == "json_object":
-        return llg.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
+        return llg.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=options)
     if kind == "regex":
         return llg.LLMatcher.grammar_from_regex(so.regex)
     if kind == "choice":  # Lark string literals take JSON's escapes

@@ -19,6 +19,8 @@ class StructuredOutputs:
     regex: Optional[str] = None
     choice: Optional[list[str]] = None
     grammar: Optional[str] = None                # Lark (llguidance's dialect) or GBNF
+    # JSON without optional whitespace: ", " and ": " only (vLLM's disable_any_whitespace).
+    disable_any_whitespace: bool = False
     # The constraint starts after these tokens appear in the output (the end of a reasoning part, e.g. </think>);
     # empty = from the first token.
     after_token_ids: tuple[int, ...] = ()
@@ -43,4 +45,4 @@ class StructuredOutputs:
             value = json.dumps(value, sort_keys=True)
         elif self.kind == "choice":
             value = tuple(value)
-        return self.kind, value
+        return self.kind, value, self.disable_any_whitespace

@@ -8,6 +8,7 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Optional
 
 from fastapi import FastAPI, Request
@@ -23,8 +24,11 @@ from rtp_llm.sampling import SamplingParams
 from rtp_llm.server import openai_format as fmt
 from rtp_llm.server.metrics import Metrics
 from rtp_llm.server.middleware import AuthMiddleware, BodyLimitMiddleware
+from rtp_llm.server.chat_parsing import ChatOutputParser
 from rtp_llm.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, NativeRequest,
                                      TokenizeRequest, error_body)
+from rtp_llm.tokenizer.reasoning_parser import THINK_END, THINK_START, ReasoningParser
+from rtp_llm.tokenizer.tool_parsers import ForcedCallParser, detect_tool_parser, forced_calls_schema, make_tool_parser
 
 log = logging.getLogger("rtp_llm.server")
 
@@ -44,12 +48,33 @@ def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
+@dataclass
+class ChatOptions:
+    """Chat behaviour set at startup: --chat_template (text), --tool_call_parser (auto = from the template),
+    --reasoning_parser."""
+    chat_template: Optional[str] = None
+    tool_call_parser: str = "auto"
+    reasoning_parser: Optional[str] = None
+
+
 class Server:
-    def __init__(self, engine: EngineClient, served_model_name: str):
+    def __init__(self, engine: EngineClient, served_model_name: str, chat: Optional[ChatOptions] = None):
         self.engine = engine
         self.model_name = served_model_name
         self.max_model_len = engine.max_model_len
         self.tokenizer = engine.tokenizer
+        chat = chat or ChatOptions()
+        if chat.chat_template is not None:
+            self.tokenizer.chat_template = chat.chat_template
+        self.tool_parser = (detect_tool_parser(self.tokenizer.chat_template) if chat.tool_call_parser == "auto"
+                            else None if chat.tool_call_parser == "none" else chat.tool_call_parser)
+        if self.tool_parser is not None:
+            make_tool_parser(self.tool_parser)  # an unknown name fails at startup
+        if chat.reasoning_parser is not None:
+            ReasoningParser(chat.reasoning_parser)
+        self.reasoning_parser = chat.reasoning_parser
+        self.think_end_ids = (self.tokenizer.encode(THINK_END, add_special_tokens=False)
+                              if self.reasoning_parser else [])
         self.metrics = Metrics(engine, served_model_name)
         self.users: dict[str, str] = {}  # request id -> the request's `user`, until it finishes or is closed
 
@@ -141,10 +166,13 @@ class Server:
         return finals  # type: ignore[return-value]
 
     # --- parameter mapping ---------------------------------------------------------------------------
-    def params(self, req, max_tokens: Optional[int], logprobs: Optional[int], prompt_len: int) -> SamplingParams:
+    def params(self, req, max_tokens: Optional[int], logprobs: Optional[int], prompt_len: int,
+               constraint: Optional[dict] = None, field: Optional[str] = None) -> SamplingParams:
+        """constraint / field: an output constraint the route made (tool_choice), else the request's own."""
         if max_tokens is None:
             max_tokens = max(1, self.max_model_len - prompt_len)
-        constraint, field = req.structured()
+        if constraint is None:
+            constraint, field = req.structured()
         try:
             params = SamplingParams(
                 max_tokens=max_tokens, min_tokens=req.min_tokens, temperature=req.temperature, top_k=req.top_k,
@@ -166,9 +194,10 @@ class Server:
 
 
 def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[str] = None,
-               max_body_bytes: int = 1 << 20, on_shutdown: Optional[Callable[[], None]] = None) -> FastAPI:
+               max_body_bytes: int = 1 << 20, on_shutdown: Optional[Callable[[], None]] = None,
+               chat_options: Optional[ChatOptions] = None) -> FastAPI:
     """on_shutdown runs once the server has stopped serving (after the graceful drain)."""
-    srv = Server(engine, served_model_name)
+    srv = Server(engine, served_model_name, chat_options)
     max_model_len = srv.max_model_len
 
     @asynccontextmanager
@@ -229,7 +258,7 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest):
         if req.messages is not None:
-            ids = _chat_prompt(srv, req.messages, req.add_generation_prompt)
+            ids = _chat_prompt(srv, req.messages, req.add_generation_prompt, _template_variables(req))
         else:
             ids = srv.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         return {"tokens": ids, "count": len(ids), "max_model_len": max_model_len}
@@ -246,20 +275,31 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, request: Request):
         srv.check_model(req.model)
-        ids = _chat_prompt(srv, req.messages, req.add_generation_prompt)
+        choice = req.effective_tool_choice()
+        if choice == "auto" and srv.tool_parser is None:
+            raise APIError(400, "tool_choice auto needs a tool call parser: start the server with --tool_call_parser "
+                           "(hermes or llama3_json; this model's chat template does not say which), or use "
+                           "tool_choice required or a named function", param="tool_choice")
+        text = _chat_text(srv, req.messages, req.add_generation_prompt, _template_variables(req))
+        ids = srv.tokenizer.encode(text, add_special_tokens=False)  # the template writes the special tokens
+        constraint, field = _tool_constraint(req, choice)
         max_tokens = req.max_completion_tokens or req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = srv.params(req, max_tokens, logprobs, len(ids))
+        params = srv.params(req, max_tokens, logprobs, len(ids), constraint, field)
+        closed = _reasoning_closed(text)
+        if params.structured_outputs is not None and srv.reasoning_parser and not closed:
+            params.structured_outputs.after_token_ids = tuple(srv.think_end_ids)  # constrain the answer only
+        parser = _parser_factory(srv, req, choice, closed)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         stream = await srv.submit(ids, params, rid, req.user)
         created = int(time.time())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(_ends_with_error_event(
-                _chat_stream(srv, stream, rid, created, req.n, include_usage)),
+                _chat_stream(srv, stream, rid, created, req.n, include_usage, parser)),
                 media_type="text/event-stream")
         out = (await srv.collect(request, [stream]))[0]
-        return fmt.chat_response(srv, out, rid, created)
+        return fmt.chat_response(srv, out, rid, created, parser)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
@@ -342,12 +382,61 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
     return app
 
 
-def _chat_prompt(srv: Server, messages, add_generation_prompt: bool) -> list[int]:
-    msgs = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in messages]
+def _chat_text(srv: Server, messages, add_generation_prompt: bool, variables: Optional[dict] = None) -> str:
     try:
-        return srv.engine.processor.chat_prompt(msgs, add_generation_prompt)
+        return srv.engine.processor.render_chat([m.for_template() for m in messages], add_generation_prompt,
+                                                **(variables or {}))
     except ChatTemplateError as exc:
         raise APIError(400, str(exc), param="messages") from None
+    except TypeError as exc:  # chat_template_kwargs naming one of render's own arguments
+        raise APIError(400, f"chat_template_kwargs: {exc}", param="chat_template_kwargs") from None
+
+
+def _chat_prompt(srv: Server, messages, add_generation_prompt: bool, variables: Optional[dict] = None) -> list[int]:
+    return srv.tokenizer.encode(_chat_text(srv, messages, add_generation_prompt, variables), add_special_tokens=False)
+
+
+def _template_variables(req) -> dict:
+    """The chat template's context beyond the messages: the tools (OpenAI's form, as transformers passes them)
+    and the request's chat_template_kwargs."""
+    variables = dict(req.chat_template_kwargs or {})
+    if req.tools:
+        variables["tools"] = [t.model_dump(exclude_none=True) for t in req.tools]
+    return variables
+
+
+def _tool_constraint(req: ChatCompletionRequest, choice: str) -> tuple[Optional[dict], Optional[str]]:
+    """tool_choice required / a named function: the answer is forced into calls by a JSON schema."""
+    if choice == "named":
+        fn = next(t.function for t in req.tools if t.function.name == req.tool_choice.function.name)
+        return {"json": fn.parameters or {"type": "object"}, "disable_any_whitespace": True}, "tool_choice"
+    if choice == "required":
+        tools = [{"name": t.function.name, "parameters": t.function.parameters} for t in req.tools]
+        return {"json": forced_calls_schema(tools, req.parallel_tool_calls), "disable_any_whitespace": True}, "tools"
+    return None, None
+
+
+def _reasoning_closed(prompt: str) -> bool:
+    """The template already closed the reasoning part (Qwen3 with enable_thinking=false ends the prompt with an
+    empty <think></think>): the answer is all content."""
+    tail = prompt[-64:]
+    return THINK_END in tail and tail.rfind(THINK_END) > tail.rfind(THINK_START)
+
+
+def _parser_factory(srv: Server, req: ChatCompletionRequest, choice: str,
+                    reasoning_closed: bool) -> Callable[[], ChatOutputParser]:
+    """A new parser per choice of the answer."""
+    def make() -> ChatOutputParser:
+        if choice == "named":
+            tools = ForcedCallParser(req.tool_choice.function.name)
+        elif choice == "required":
+            tools = ForcedCallParser()
+        elif choice == "auto":
+            tools = make_tool_parser(srv.tool_parser)
+        else:
+            tools = None
+        return ChatOutputParser(srv.reasoning_parser, tools, reasoning_closed)
+    return make
 
 
 async def _ends_with_error_event(gen):
@@ -360,13 +449,13 @@ async def _ends_with_error_event(gen):
         yield _sse(error_body(str(exc), "server_error", None, "engine_unavailable"))
 
 
-async def _chat_stream(srv: Server, stream: RequestStream, rid, created, n, include_usage):
+async def _chat_stream(srv: Server, stream: RequestStream, rid, created, n, include_usage, make_parser):
     sent_role = [False] * n
+    parsers = [make_parser() for _ in range(n)]
     final = None
     async for _, out in srv.merged([stream]):
         for o in out.outputs:
-            chunk = fmt.chat_chunk(srv, rid, created, o, first=not sent_role[o.index])
-            if chunk is not None:
+            for chunk in fmt.chat_chunks(srv, rid, created, o, parsers[o.index], first=not sent_role[o.index]):
                 sent_role[o.index] = True
                 yield _sse(chunk)
         final = out

@@ -45,25 +45,33 @@ def sum_usage(outs: Iterable[RequestOutput]) -> dict:
     return total
 
 
-def chat_response(srv, out: RequestOutput, rid: str, created: int) -> dict:
-    return {
-        "id": rid, "object": "chat.completion", "created": created, "model": srv.model_name,
-        "choices": [{"index": o.index, "message": {"role": "assistant", "content": o.text},
-                     "logprobs": _chat_logprobs(srv, o.logprobs), "finish_reason": o.finish_reason}
-                    for o in out.outputs],
-        "usage": out.usage,
-    }
+def chat_response(srv, out: RequestOutput, rid: str, created: int, make_parser) -> dict:
+    choices = []
+    for o in out.outputs:
+        parser = make_parser()
+        parser.feed(o.text, final=True)
+        choices.append({"index": o.index, "message": parser.message(), "logprobs": _chat_logprobs(srv, o.logprobs),
+                        "finish_reason": parser.finish_reason(o.finish_reason)})
+    return {"id": rid, "object": "chat.completion", "created": created, "model": srv.model_name,
+            "choices": choices, "usage": out.usage}
 
 
-def chat_chunk(srv, rid: str, created: int, o: CompletionOutput, first: bool) -> Optional[dict]:
-    if not (o.delta_text or first or o.finish_reason or o.delta_logprobs):
-        return None
-    delta = {"role": "assistant", "content": o.delta_text} if first else {"content": o.delta_text}
-    if o.finish_reason and not o.delta_text and not first:
-        delta = {}
-    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": srv.model_name,
-            "choices": [{"index": o.index, "delta": delta, "logprobs": _chat_logprobs(srv, o.delta_logprobs),
-                         "finish_reason": o.finish_reason}]}
+def chat_chunks(srv, rid: str, created: int, o: CompletionOutput, parser, first: bool) -> list[dict]:
+    """This step's chunks of one choice: its new reasoning / content / tool-call deltas (the role on the very
+    first), the step's logprobs on the first chunk, the finish reason on the last."""
+    deltas = []
+    for event in parser.feed(o.delta_text, final=o.finish_reason is not None):
+        deltas.extend(parser.delta(event))
+    if first:
+        deltas = [{"role": "assistant", **(deltas[0] if deltas else {"content": ""})}] + deltas[1:]
+    finish = parser.finish_reason(o.finish_reason)
+    if not deltas and (finish or o.delta_logprobs):
+        deltas = [{}]
+    return [{"id": rid, "object": "chat.completion.chunk", "created": created, "model": srv.model_name,
+             "choices": [{"index": o.index, "delta": d,
+                          "logprobs": _chat_logprobs(srv, o.delta_logprobs) if i == 0 else None,
+                          "finish_reason": finish if i == len(deltas) - 1 else None}]}
+            for i, d in enumerate(deltas)]
 
 
 def completion_response(srv, outs: list[RequestOutput], rid: str, created: int, req, prompts) -> dict:

@@ -8,6 +8,7 @@ for something this server does not do must learn that it did not get it.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -30,10 +31,24 @@ class TextPart(_Base):
     text: str
 
 
+class FunctionCall(_Base):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallItem(_Base):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Base):
     role: str
     content: Union[str, list[TextPart], None] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[ToolCallItem]] = None  # an assistant turn that called tools
+    tool_call_id: Optional[str] = None               # a tool turn: the call it answers
+    reasoning_content: Optional[str] = None          # an assistant turn's reasoning, for templates that show it
 
     @field_validator("role")
     @classmethod
@@ -48,6 +63,51 @@ class ChatMessage(_Base):
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text for p in self.content)
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates read it (transformers' form): tool-call arguments as objects."""
+        msg: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.role == "assistant" and self.content is None and self.tool_calls:
+            msg["content"] = None
+        if self.name:
+            msg["name"] = self.name
+        if self.tool_calls:
+            msg["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.function.name, "arguments": _json_or_text(c.function.arguments)}}
+                                 for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            msg["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:
+            msg["reasoning_content"] = self.reasoning_content
+        return msg
+
+
+def _json_or_text(arguments: str):
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+
+
+class FunctionDef(_Base):
+    name: str = Field(..., pattern=r"^[a-zA-Z0-9_.-]{1,64}$")
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None  # a JSON schema of the arguments object
+    strict: Optional[bool] = None  # forced calls (tool_choice required / named) always validate exactly
+
+
+class Tool(_Base):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Base):
+    name: str
+
+
+class NamedToolChoice(_Base):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class JsonSchemaFormat(_Base):
@@ -77,6 +137,7 @@ class StructuredOutputsRequest(_Base):
     choice: Optional[list[str]] = None
     grammar: Optional[str] = None
     json_object: Optional[bool] = None
+    disable_any_whitespace: bool = False
 
 
 # The request fields that constrain the output; a request uses at most one.
@@ -134,6 +195,8 @@ class _Sampling(_Base):
         if so is not None:
             fields = {k: v for k, v in {"json": so.json_, "regex": so.regex, "choice": so.choice,
                                         "grammar": so.grammar, "json_object": so.json_object}.items() if v}
+            if so.disable_any_whitespace:
+                fields["disable_any_whitespace"] = True
             return fields, "structured_outputs"
         for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
                           ("guided_grammar", "grammar")):
@@ -178,12 +241,39 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)
     add_generation_prompt: bool = True
+    tools: Optional[list[Tool]] = Field(None, max_length=128)
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: bool = True
+    chat_template_kwargs: Optional[dict[str, Any]] = None  # more template variables, e.g. enable_thinking
 
     @model_validator(mode="after")
     def _logprobs(self):
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
         return self
+
+    @model_validator(mode="after")
+    def _tools(self):
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: two functions have the same name")
+        choice = self.tool_choice
+        if choice not in (None, "none") and not names:
+            raise ValueError("tool_choice needs tools")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not among the tools")
+        if isinstance(choice, NamedToolChoice) or choice == "required":
+            used = self.structured()[1]
+            if used is not None:
+                raise ValueError(f"tool_choice {'required' if choice == 'required' else 'naming a function'} "
+                                 f"constrains the answer; it cannot be combined with {used}")
+        return self
+
+    def effective_tool_choice(self) -> str:
+        """none | auto | required | named (OpenAI's default: auto when there are tools)."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named"
+        return self.tool_choice or ("auto" if self.tools else "none")
 
 
 class CompletionRequest(_Sampling):
@@ -259,11 +349,15 @@ class TokenizeRequest(_Base):
     messages: Optional[list[ChatMessage]] = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    tools: Optional[list[Tool]] = None                      # with messages: rendered as chat completions do
+    chat_template_kwargs: Optional[dict[str, Any]] = None
 
     @model_validator(mode="after")
     def _one(self):
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt or messages")
+        if self.messages is None and (self.tools is not None or self.chat_template_kwargs is not None):
+            raise ValueError("tools and chat_template_kwargs go with messages")
         return self
 
 

@@ -1,0 +1,82 @@
+"""One chat choice's answer -> OpenAI message parts: the reasoning part first (--reasoning_parser), then tool calls
+in what follows (--tool_call_parser, or the grammar-forced form of tool_choice required / a named function).
+Streamed and whole answers go through the same incremental parsers, so a stream adds up to the whole answer."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Optional
+
+from rtp_llm.tokenizer.reasoning_parser import ReasoningParser
+from rtp_llm.tokenizer.tool_parsers import ToolCall
+
+
+class ChatOutputParser:
+    def __init__(self, reasoning: Optional[str] = None, tools=None, reasoning_closed: bool = False):
+        """reasoning: a reasoning parser's name (reasoning_closed: the prompt already ended the reasoning part);
+        tools: a tool parser (tokenizer/tool_parsers.py) or None."""
+        self.reasoning = ReasoningParser(reasoning, reasoning_closed) if reasoning else None
+        self.tools = tools
+        self.calls: list[ToolCall] = []
+        self.content: list[str] = []
+        self.reasoning_text: list[str] = []
+        self.streamed_calls = 0
+
+    def _route(self, pieces: list[tuple[str, str]], final: bool) -> list:
+        out = []
+        for kind, text in pieces:
+            if kind == "reasoning":
+                out.append(("reasoning", text))
+            elif self.tools is None:
+                out.append(("content", text))
+            else:
+                out.extend(self.tools.feed(text))
+        if final and self.tools is not None:
+            out.extend(self.tools.finish())
+        return out
+
+    def feed(self, text: str, final: bool = False) -> list:
+        """New answer text -> events: ("reasoning", str), ("content", str), ("call", ToolCall)."""
+        pieces = self.reasoning.feed(text) if self.reasoning else ([("content", text)] if text else [])
+        if final and self.reasoning:
+            pieces += self.reasoning.finish()
+        events = [e for e in self._route(pieces, final) if not (e[0] != "call" and not e[1])]
+        for kind, value in events:
+            if kind == "call":
+                self.calls.append(value)
+            elif kind == "content":
+                self.content.append(value)
+            else:
+                self.reasoning_text.append(value)
+        return events
+
+    def finish_reason(self, engine_reason: Optional[str]) -> Optional[str]:
+        return "tool_calls" if self.calls and engine_reason == "stop" else engine_reason
+
+    # --- OpenAI shapes ---------------------------------------------------------------------------------
+    def delta(self, event) -> list[dict]:
+        """A streamed event as chunk deltas (calls numbered in the order they are streamed)."""
+        kind, value = event
+        if kind == "reasoning":
+            return [{"reasoning_content": value}]
+        if kind == "content":
+            return [{"content": value}]
+        # A call: its id and name first, then its arguments (OpenAI's delta form).
+        call_index, self.streamed_calls = self.streamed_calls, self.streamed_calls + 1
+        return [{"tool_calls": [{"index": call_index, "id": new_call_id(), "type": "function",
+                                 "function": {"name": value.name, "arguments": ""}}]},
+                {"tool_calls": [{"index": call_index, "function": {"arguments": value.arguments}}]}]
+
+    def message(self) -> dict:
+        msg: dict = {"role": "assistant", "content": "".join(self.content) if self.content or not self.calls
+                     else None}
+        if self.reasoning is not None:
+            msg["reasoning_content"] = "".join(self.reasoning_text) if self.reasoning_text else None
+        if self.calls:
+            msg["tool_calls"] = [{"id": new_call_id(), "type": "function",
+                                  "function": {"name": c.name, "arguments": c.arguments}} for c in self.calls]
+        return msg
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
