@@ -161,10 +161,9 @@ class Sampler:
             logits.index_put_(b.bias[:2], b.bias[2].to(logits.dtype), accumulate=True)
         if b.grammar is not None:
             rows, allowed = b.grammar
-            ninf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
-            shaped = torch.where(allowed, logits.index_select(0, rows), ninf)
+            shaped = torch.where(allowed, logits.index_select(0, rows), float("-inf"))
             # allowed_token_ids or a bad word can leave nothing the grammar allows: the grammar wins.
-            alone = torch.where(allowed, raw.index_select(0, rows), ninf)
+            alone = torch.where(allowed, raw.index_select(0, rows), float("-inf"))
             dead = torch.isneginf(shaped.amax(dim=-1, keepdim=True))
             logits.index_copy_(0, rows, torch.where(dead, alone, shaped))
         return logits
@@ -197,7 +196,7 @@ class Sampler:
             # U rounds to exactly 1.0 in float32 about once in 2^24 draws: E = 0, and a masked token's 0 / 0 would be
             # a NaN that argmax picks. A token of probability 0 never wins.
             race = probs / -torch.log(uniform(b.seeds, b.steps, probs.shape[-1]))
-            race = torch.where(probs > 0, race, torch.zeros((), device=race.device))
+            race = torch.where(probs > 0, race, 0.0)
             token_ids = torch.where(b.greedy, greedy_ids, race.argmax(dim=-1))
         out = SamplerOutput(token_ids=token_ids)
         if b.num_logprobs >= 0:
