@@ -80,7 +80,14 @@ class LLM:
         return [done[r] for r in ids]
 
     def chat(self, messages: Union[list[dict], Sequence[list[dict]]], params: Optional[SamplingParams] = None,
-             use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
-        """One conversation (a list of messages) or several, through the model's chat template."""
+             use_tqdm: bool = True, add_generation_prompt: bool = True, tools: Optional[list[dict]] = None,
+             chat_template_kwargs: Optional[dict] = None) -> list[RequestOutput]:
+        """One conversation (a list of messages) or several, through the model's chat template; tools (OpenAI's
+        form) and chat_template_kwargs go to the template as vLLM's LLM.chat passes them. The answers are text:
+        the server parses tool calls and reasoning (--tool_call_parser, --reasoning_parser)."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        return self.generate([self.processor.chat_prompt(c, add_generation_prompt) for c in convs], params, use_tqdm)
+        variables = dict(chat_template_kwargs or {})
+        if tools:
+            variables["tools"] = tools
+        return self.generate([self.processor.chat_prompt(c, add_generation_prompt, **variables) for c in convs],
+                             params, use_tqdm)

@@ -104,3 +104,32 @@ def test_async_client_streams_and_cancellation_frees_blocks(llm):
         asyncio.run(main())
     finally:
         engine.shutdown()
+
+
+def test_chat_passes_tools_and_template_kwargs_and_structured_outputs_constrain(llm):
+    """LLM.chat renders tools and chat_template_kwargs as transformers' apply_chat_template does (same template,
+    same messages); SamplingParams.structured_outputs constrains the offline answer (validated by jsonschema)."""
+    import json
+
+    import jsonschema
+    from transformers import PreTrainedTokenizerFast
+
+    template = ("{% if tools %}TOOLS:{% for t in tools %}{{ t.function.name }};{% endfor %}\n{% endif %}"
+                "{% if mood %}MOOD:{{ mood }}\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n"
+                "{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    conv = [{"role": "user", "content": "Describe a city as JSON."}]
+    saved, llm.tokenizer.chat_template = llm.tokenizer.chat_template, template
+    try:
+        schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                   "population": {"type": "integer", "minimum": 0}},
+                  "required": ["city", "population"], "additionalProperties": False}
+        out = llm.chat(conv, SamplingParams(max_tokens=60, temperature=0, structured_outputs={"json": schema}),
+                       use_tqdm=False, tools=tools, chat_template_kwargs={"mood": "calm"})[0]
+    finally:
+        llm.tokenizer.chat_template = saved
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=llm.tokenizer.backend)
+    ref = hf_tok.apply_chat_template(conv, tools=tools, chat_template=template, tokenize=False, mood="calm")
+    assert ref.startswith("TOOLS:get_time;MOOD:calm\n")  # trim_blocks eats the newline after endfor
+    assert out.prompt_token_ids == llm.tokenizer.encode(ref, add_special_tokens=False)
+    jsonschema.validate(json.loads(out.outputs[0].text), schema)
