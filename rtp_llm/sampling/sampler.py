@@ -162,10 +162,11 @@ class Sampler:
         if b.grammar is not None:
             rows, allowed = b.grammar
             shaped = torch.where(allowed, logits.index_select(0, rows), float("-inf"))
-            # allowed_token_ids or a bad word can leave nothing the grammar allows: the grammar wins.
-            alone = torch.where(allowed, raw.index_select(0, rows), float("-inf"))
-            dead = torch.isneginf(shaped.amax(dim=-1, keepdim=True))
-            logits.index_copy_(0, rows, torch.where(dead, alone, shaped))
+            if b.allowed is not None or b.banned is not None:
+                # allowed_token_ids or a bad word can leave nothing the grammar allows: the grammar wins.
+                alone = torch.where(allowed, raw.index_select(0, rows), float("-inf"))
+                shaped = torch.where(torch.isneginf(shaped.amax(dim=-1, keepdim=True)), alone, shaped)
+            logits.index_copy_(0, rows, shaped)
         return logits
 
     def apply_penalties(self, logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:

@@ -388,8 +388,6 @@ def _chat_text(srv: Server, messages, add_generation_prompt: bool, variables: Op
                                                 **(variables or {}))
     except ChatTemplateError as exc:
         raise APIError(400, str(exc), param="messages") from None
-    except TypeError as exc:  # chat_template_kwargs naming one of render's own arguments
-        raise APIError(400, f"chat_template_kwargs: {exc}", param="chat_template_kwargs") from None
 
 
 def _chat_prompt(srv: Server, messages, add_generation_prompt: bool, variables: Optional[dict] = None) -> list[int]:
@@ -400,6 +398,10 @@ def _template_variables(req) -> dict:
     """The chat template's context beyond the messages: the tools (OpenAI's form, as transformers passes them)
     and the request's chat_template_kwargs."""
     variables = dict(req.chat_template_kwargs or {})
+    taken = sorted(set(variables) & {"messages", "add_generation_prompt", "tools"})
+    if taken:
+        raise APIError(400, f"chat_template_kwargs may not set {', '.join(taken)} (the request's own fields)",
+                       param="chat_template_kwargs")
     if req.tools:
         variables["tools"] = [t.model_dump(exclude_none=True) for t in req.tools]
     return variables

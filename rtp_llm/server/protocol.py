@@ -66,9 +66,8 @@ class ChatMessage(_Base):
 
     def for_template(self) -> dict[str, Any]:
         """The message as chat templates read it (transformers' form): tool-call arguments as objects."""
+        # content "" rather than None: templates that know no tool calls concatenate it
         msg: dict[str, Any] = {"role": self.role, "content": self.text()}
-        if self.role == "assistant" and self.content is None and self.tool_calls:
-            msg["content"] = None
         if self.name:
             msg["name"] = self.name
         if self.tool_calls:

@@ -41,3 +41,5 @@ def render(source: str, messages: list[dict[str, Any]], add_generation_prompt: b
         raise
     except jinja2.TemplateError as exc:
         raise ChatTemplateError(f"chat template failed: {exc}") from exc
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:  # e.g. '+' on a None
+        raise ChatTemplateError(f"chat template failed on these messages: {type(exc).__name__}: {exc}") from exc

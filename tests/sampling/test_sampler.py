@@ -170,3 +170,25 @@ def test_a_token_of_probability_zero_is_never_drawn_even_when_its_uniform_is_one
         b = SamplingBatch.build([params], [seed], [0], [[]], [[]], vocab)
         got = Sampler()(logits, b).token_ids.item()
         assert got != token
+
+
+def test_grammar_masks_restrict_their_rows_and_win_over_an_empty_intersection():
+    """A grammar row samples only what its mask allows (greedy and seeded), other rows are untouched; where
+    allowed_token_ids leaves nothing the grammar allows, the grammar's mask alone decides."""
+    torch.manual_seed(5)
+    vocab = 64
+    logits = torch.randn(3, vocab)
+    allowed = torch.zeros(2, vocab, dtype=torch.bool)
+    allowed[0, [3, 9, 40]] = True
+    allowed[1, [7, 8]] = True
+    for temp in (0.0, 1.0):
+        params = [SamplingParams(temperature=temp, seed=1), SamplingParams(temperature=temp, seed=2),
+                  SamplingParams(temperature=temp, seed=3, allowed_token_ids=[1, 2])]
+        b = SamplingBatch.build(params, [1, 2, 3], [0] * 3, [[]] * 3, [[]] * 3, vocab)
+        free = Sampler()(logits, b).token_ids
+        b.grammar = (torch.tensor([0, 2]), allowed)
+        got = Sampler()(logits, b).token_ids.tolist()
+        assert got[0] in (3, 9, 40) and got[1] == free[1].item() and got[2] in (7, 8)
+        if temp == 0:
+            assert got[0] == max((3, 9, 40), key=lambda t: logits[0, t].item())
+            assert got[2] == max((7, 8), key=lambda t: logits[2, t].item())

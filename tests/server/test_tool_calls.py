@@ -194,6 +194,7 @@ def test_a_conversation_with_tool_results_renders_as_transformers_does(tools_ser
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name", "pattern"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}],
       "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", "objekt"),
+    ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs", "may not set messages"),
 ])
 def test_bad_tool_requests_are_400s(tools_server, body, param, words):
     r = httpx.post(tools_server.url + "/v1/chat/completions", json={"messages": ASK, "max_tokens": 4, **body},

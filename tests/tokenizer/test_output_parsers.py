@@ -135,3 +135,13 @@ def test_a_prompt_that_closed_the_reasoning_leaves_the_answer_to_the_content():
     for name in ("qwen3", "deepseek_r1"):
         assert run(ReasoningParser(name, closed=True), "\n\nAll content </think> here.", 3) == \
             [("content", "\n\nAll content </think> here.")]
+
+
+def test_a_template_that_fails_on_the_messages_is_a_chat_template_error():
+    """A template's own Python error (here '+' on a missing content) is refused as the messages' problem (the
+    server's 400), not an internal error."""
+    from rtp_llm.errors import ChatTemplateError
+    from rtp_llm.tokenizer.chat_template import render
+
+    with pytest.raises(ChatTemplateError, match="TypeError"):
+        render("{% for m in messages %}{{ '<' + m['content'] }}{% endfor %}", [{"role": "user", "content": None}])
