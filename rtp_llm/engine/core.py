@@ -12,6 +12,8 @@ runs it on a thread or in the engine process).
 from __future__ import annotations
 
 import itertools
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 import logging
 import random
 import time
@@ -99,6 +101,8 @@ class EngineCore:
         self._rng = random.Random(config.seed)
         self._seq_ids = itertools.count(1)
         self._pending: list[OutputDelta] = []  # outputs of aborts and timeouts, sent with the next step's
+        self._compiling: dict[str, Future] = {}  # request id -> its grammar's compilation
+        self._grammar_pool: Optional[ThreadPoolExecutor] = None
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0, "steps": 0}
         log.info("KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB%s); max concurrency at max_model_len=%d: "
                  "%.1f", num_blocks - 1, self.block_size, capacity, self.runner.kv.nbytes / _GiB,
@@ -109,6 +113,9 @@ class EngineCore:
         runtime, self.tp_runtime = getattr(self, "tp_runtime", None), None
         if runtime is not None:
             runtime.close()
+        pool, self._grammar_pool = getattr(self, "_grammar_pool", None), None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     # --- requests ----------------------------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> None:
@@ -130,20 +137,49 @@ class EngineCore:
         if params.timeout_ms is not None:
             req.deadline = req.arrival + params.timeout_ms / 1000
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
-        so = params.structured_outputs
         for i in range(params.n):
             req.sequences.append(Sequence(next(self._seq_ids), req, i, base_seed + i,
-                                          IncrementalDetokenizer(self.tokenizer, params.stop),
-                                          grammar=self.grammars.matcher(so) if so is not None else None))
+                                          IncrementalDetokenizer(self.tokenizer, params.stop)))
         self.requests[rid] = req
+        so = params.structured_outputs
+        if so is not None and not self.grammars.cached(so):
+            # A grammar not seen yet is compiled on a worker thread: the loop keeps stepping the others.
+            if self._grammar_pool is None:
+                self._grammar_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar")
+            self._compiling[rid] = self._grammar_pool.submit(self.grammars.check, so)
+            return
+        self._admit(req)
+
+    def _admit(self, req: Request) -> None:
+        so = req.params.structured_outputs
+        for seq in req.sequences:
+            seq.grammar = self.grammars.matcher(so) if so is not None else None
         self.scheduler.add(req.sequences[0])
         for sib in req.sequences[1:]:
             sib.state = SeqState.PENDING_FORK
+
+    def _admit_compiled(self) -> None:
+        """Requests whose grammar finished compiling join the waiting queue (or fail with the compiler's error)."""
+        if not self._compiling:
+            return
+        if not self.scheduler.running and not self.scheduler.waiting:  # nothing else to do: wait a little
+            futures_wait(list(self._compiling.values()), timeout=0.005, return_when=FIRST_COMPLETED)
+        for rid, fut in list(self._compiling.items()):
+            if not fut.done():
+                continue
+            del self._compiling[rid]
+            if rid not in self.requests:
+                continue
+            if fut.exception() is not None:
+                self.abort(rid, FinishReason.ERROR, f"structured outputs: {fut.exception()}")
+            else:
+                self._admit(self.requests[rid])
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT, error: Optional[str] = None) -> bool:
         req = self.requests.get(request_id)
         if req is None:
             return False
+        self._compiling.pop(request_id, None)  # its grammar's compilation finishes unheeded
         for seq in req.sequences:
             if not seq.finished:
                 self._finish(seq, reason)
@@ -158,6 +194,7 @@ class EngineCore:
     # --- the step ----------------------------------------------------------------------------------------------
     def step(self) -> list[OutputDelta]:
         self._expire()
+        self._admit_compiled()
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
         if not sched.scheduled:

@@ -130,6 +130,10 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
         return matcher
 
+    def cached(self, so: StructuredOutputs) -> bool:
+        with self._lock:
+            return so.key() in self._cache
+
     def check(self, so: StructuredOutputs) -> None:
         """Raises RequestRejected naming the problem when the constraint cannot be compiled."""
         self._template(so)

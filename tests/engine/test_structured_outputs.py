@@ -168,3 +168,44 @@ def test_structured_outputs_takes_exactly_one_kind():
         SamplingParams(structured_outputs={})
     with pytest.raises(ValueError, match="structured_outputs"):
         SamplingParams(structured_outputs={"jsonschema": {}})
+
+
+def test_a_grammar_compiles_off_the_step_loop(tiny):
+    """While a new grammar compiles (held here on its worker thread by a gate), free requests keep stepping to their
+    end; the constrained one then runs. A request aborted while compiling, and one whose grammar fails in the
+    engine (it skipped the caller's check), end cleanly with no blocks held."""
+    import threading
+
+    from rtp_llm.engine.protocol import EngineRequest
+
+    engine = tiny.engine()
+    gate = threading.Event()
+    check = engine.core.grammars.check
+
+    def held_check(so):
+        gate.wait(30)
+        return check(so)
+
+    engine.core.grammars.check = held_check
+    schema = SCHEMAS["array_enum"]
+    engine.core.add_request(EngineRequest("c", PROMPT, constrained(temperature=0, structured_outputs={"json": schema})))
+    engine.core.add_request(EngineRequest("gone", PROMPT, constrained(structured_outputs={"regex": "[a-z]+x"})))
+    engine.add_request("f", [40, 41, 42], greedy(10))
+    done, steps = {}, 0
+    while "f" not in done:
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+        steps += 1
+        assert steps < 100
+    assert "c" not in done and engine.core._compiling  # the free request finished while the grammar compiled
+    engine.core.abort("gone")
+    gate.set()
+    while engine.has_unfinished():
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    assert_valid(done["c"].outputs[0].text, schema)
+    assert done["gone"].outputs[0].finish_reason == "abort"
+    engine.core.grammars.check = check
+    engine.core.add_request(EngineRequest("bad", PROMPT, constrained(structured_outputs={"regex": "[a-z"})))
+    while engine.has_unfinished():
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    assert done["bad"].outputs[0].finish_reason == "error" and "regex" in done["bad"].error
+    assert engine.stats()["kv_used_blocks"] == 0
