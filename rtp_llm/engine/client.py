@@ -17,6 +17,7 @@ import logging
 import multiprocessing as mp
 import queue
 import threading
+import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import AsyncIterator, Callable, Optional, Sequence, Union
@@ -230,6 +231,7 @@ class ProcessEngineClient(EngineClient):
         self.model_path = msg.model_path
         self._stats = msg.stats
         self._closing = False
+        self._join_lock = threading.Lock()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._read, name="rtp-llm-engine-reader", daemon=True).start()
         threading.Thread(target=self._write, name="rtp-llm-engine-writer", daemon=True).start()
@@ -252,16 +254,26 @@ class ProcessEngineClient(EngineClient):
     def _send(self, msg) -> None:
         self._outbox.put(msg)
 
+    def _join(self, timeout: float) -> None:
+        """Waits for the engine process to exit. One thread at a time: two concurrent joins race to reap it, and
+        the loser sees a live process that is gone (and would kill a pid that may be reused)."""
+        deadline = time.monotonic() + timeout
+        if self._join_lock.acquire(timeout=max(0.0, timeout)):
+            try:
+                self.proc.join(max(0.0, deadline - time.monotonic()))
+            finally:
+                self._join_lock.release()
+
     def shutdown(self, timeout: float = 10.0) -> None:
         """Asks the engine to stop (it closes tensor-parallel workers itself); kills it if it does not."""
         self._closing = True
         if self.proc.is_alive():
             self._outbox.put(Shutdown())
-            self.proc.join(timeout)
+            self._join(timeout)
         if self.proc.is_alive():
             log.warning("the engine process did not stop in %.0fs; killing it", timeout)
             self.proc.kill()
-            self.proc.join(5)
+            self._join(5)
         self._outbox.put(None)
 
     def _write(self) -> None:
@@ -284,7 +296,7 @@ class ProcessEngineClient(EngineClient):
             self._closing = True
             self.fail(EngineDeadError(f"lost the engine's messages: {type(exc).__name__}: {exc}"))
             return
-        self.proc.join(5)
+        self._join(5)
         if not self._closing:
             self.fail(EngineDeadError(f"the engine process (pid {self.proc.pid}) exited: {self._exit()}"))
 

@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator, Callable, Optional
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rtp_llm.engine.client import EngineClient, RequestStream
@@ -33,6 +33,10 @@ from rtp_llm.tokenizer.tool_parsers import ForcedCallParser, detect_tool_parser,
 log = logging.getLogger("rtp_llm.server")
 
 
+class ClientGone(Exception):
+    """A non-streaming client disconnected before its answer: a normal event, its requests are aborted."""
+
+
 class APIError(Exception):
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: Optional[str] = None,
                  code: Any = None):
@@ -42,6 +46,9 @@ class APIError(Exception):
 
 def _error(status: int, message: str, type_="invalid_request_error", param=None, code=None) -> JSONResponse:
     return JSONResponse(error_body(message, type_, param, code), status_code=status)
+
+
+_OPENAI_ROUTE_ENDS = {"completions", "models", "embeddings", "responses"}
 
 
 def _sse(obj: Any) -> str:
@@ -156,7 +163,7 @@ class Server:
                 await asyncio.wait({task}, timeout=0.25)
                 if not task.done() and await request.is_disconnected():
                     task.cancel()
-                    raise asyncio.CancelledError("client disconnected")
+                    raise ClientGone(", ".join(s.request_id for s in streams))
             task.result()
         finally:
             if not task.done():
@@ -213,6 +220,11 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
     async def _api_error(_, exc: APIError):
         return _error(exc.status, exc.message, exc.type, exc.param, exc.code)
 
+    @app.exception_handler(ClientGone)
+    async def _client_gone(_, exc: ClientGone):
+        log.info("request %s: the client disconnected; aborted", exc)
+        return Response(status_code=499)  # nginx's "client closed request"; no one reads it
+
     @app.exception_handler(RequestValidationError)
     async def _validation(_, exc: RequestValidationError):
         errs = exc.errors()
@@ -228,9 +240,19 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
         return _error(400, f"{field or 'body'}: {msg}", param=field)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_, exc: StarletteHTTPException):
-        return _error(exc.status_code, str(exc.detail), "invalid_request_error" if exc.status_code < 500 else
-                      "server_error")
+    async def _http(request: Request, exc: StarletteHTTPException):
+        message = str(exc.detail)
+        path = request.url.path
+        if exc.status_code == 404:
+            message = f"no route {request.method} {path}"
+            if not path.startswith("/v1/") and path.rstrip("/").split("/")[-1] in _OPENAI_ROUTE_ENDS:
+                message += (f"; the OpenAI routes are under /v1 (POST /v1{path}): a client's base_url must end in "
+                            f"/v1, e.g. {request.base_url}v1")
+            else:
+                message += "; routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /, " \
+                           "POST /tokenize, POST /detokenize, GET /health, GET /metrics"
+        return _error(exc.status_code, message, "invalid_request_error" if exc.status_code < 500 else
+                      "server_error", code="not_found" if exc.status_code == 404 else None)
 
     @app.exception_handler(Exception)
     async def _unexpected(_, exc: Exception):
@@ -454,31 +476,42 @@ async def _ends_with_error_event(gen):
 async def _chat_stream(srv: Server, stream: RequestStream, rid, created, n, include_usage, make_parser):
     sent_role = [False] * n
     parsers = [make_parser() for _ in range(n)]
+    ended: set[int] = set()  # a choice that finished early reappears, finished, in later outputs: end it once
     final = None
     async for _, out in srv.merged([stream]):
         for o in out.outputs:
+            if o.index in ended:
+                continue
+            if o.finish_reason is not None:
+                ended.add(o.index)
             for chunk in fmt.chat_chunks(srv, rid, created, o, parsers[o.index], first=not sent_role[o.index]):
                 sent_role[o.index] = True
                 yield _sse(chunk)
         final = out
     if include_usage and final is not None:
         yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": srv.model_name,
-                    "choices": [], "usage": final.usage})
+                    "system_fingerprint": None, "choices": [], "usage": final.usage})
     yield "data: [DONE]\n\n"
 
 
 async def _completion_stream(srv: Server, streams, rid, created, req, include_usage):
     finals = {}
+    ended: set[int] = set()  # a choice that finished early reappears, finished, in later outputs: end it once
     async for i, out in srv.merged(streams):
         for o in out.outputs:
-            chunk = fmt.completion_chunk(srv, rid, created, i * req.n + o.index, o)
+            index = i * req.n + o.index
+            if index in ended:
+                continue
+            if o.finish_reason is not None:
+                ended.add(index)
+            chunk = fmt.completion_chunk(srv, rid, created, index, o)
             if chunk is not None:
                 yield _sse(chunk)
         if out.finished:
             finals[i] = out
     if include_usage:
         yield _sse({"id": rid, "object": "text_completion", "created": created, "model": srv.model_name,
-                    "choices": [], "usage": fmt.sum_usage(finals.values())})
+                    "system_fingerprint": None, "choices": [], "usage": fmt.sum_usage(finals.values())})
     yield "data: [DONE]\n\n"
 
 

@@ -53,7 +53,7 @@ def chat_response(srv, out: RequestOutput, rid: str, created: int, make_parser) 
         choices.append({"index": o.index, "message": parser.message(), "logprobs": _chat_logprobs(srv, o.logprobs),
                         "finish_reason": parser.finish_reason(o.finish_reason)})
     return {"id": rid, "object": "chat.completion", "created": created, "model": srv.model_name,
-            "choices": choices, "usage": out.usage}
+            "system_fingerprint": None, "choices": choices, "usage": out.usage}
 
 
 def chat_chunks(srv, rid: str, created: int, o: CompletionOutput, parser, first: bool) -> list[dict]:
@@ -62,16 +62,21 @@ def chat_chunks(srv, rid: str, created: int, o: CompletionOutput, parser, first:
     deltas = []
     for event in parser.feed(o.delta_text, final=o.finish_reason is not None):
         deltas.extend(parser.delta(event))
-    if first:
-        deltas = [{"role": "assistant", **(deltas[0] if deltas else {"content": ""})}] + deltas[1:]
     finish = parser.finish_reason(o.finish_reason)
     if not deltas and (finish or o.delta_logprobs):
         deltas = [{}]
-    return [{"id": rid, "object": "chat.completion.chunk", "created": created, "model": srv.model_name,
-             "choices": [{"index": o.index, "delta": d,
-                          "logprobs": _chat_logprobs(srv, o.delta_logprobs) if i == 0 else None,
-                          "finish_reason": finish if i == len(deltas) - 1 else None}]}
-            for i, d in enumerate(deltas)]
+    chunks = [{"id": rid, "object": "chat.completion.chunk", "created": created, "model": srv.model_name,
+               "system_fingerprint": None,
+               "choices": [{"index": o.index, "delta": d,
+                            "logprobs": _chat_logprobs(srv, o.delta_logprobs) if i == 0 else None,
+                            "finish_reason": finish if i == len(deltas) - 1 else None}]}
+              for i, d in enumerate(deltas)]
+    if first:  # OpenAI's first chunk: the role alone, then the deltas
+        chunks.insert(0, {"id": rid, "object": "chat.completion.chunk", "created": created, "model": srv.model_name,
+                          "system_fingerprint": None,
+                          "choices": [{"index": o.index, "delta": {"role": "assistant", "content": ""},
+                                       "logprobs": None, "finish_reason": None}]})
+    return chunks
 
 
 def completion_response(srv, outs: list[RequestOutput], rid: str, created: int, req, prompts) -> dict:
@@ -86,14 +91,14 @@ def completion_response(srv, outs: list[RequestOutput], rid: str, created: int, 
                             "logprobs": _completion_logprobs(srv, o.logprobs, len(prefix)),
                             "finish_reason": o.finish_reason})
     return {"id": rid, "object": "text_completion", "created": created, "model": srv.model_name,
-            "choices": choices, "usage": sum_usage(outs)}
+            "system_fingerprint": None, "choices": choices, "usage": sum_usage(outs)}
 
 
 def completion_chunk(srv, rid: str, created: int, index: int, o: CompletionOutput) -> Optional[dict]:
     if not (o.delta_text or o.finish_reason):
         return None
     return {"id": rid, "object": "text_completion", "created": created, "model": srv.model_name,
-            "choices": [{"index": index, "text": o.delta_text, "logprobs": _completion_logprobs(srv, o.delta_logprobs),
+            "system_fingerprint": None, "choices": [{"index": index, "text": o.delta_text, "logprobs": _completion_logprobs(srv, o.delta_logprobs),
                          "finish_reason": o.finish_reason}]}
 
 

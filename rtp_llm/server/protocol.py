@@ -175,6 +175,12 @@ class _Sampling(_Base):
     guided_grammar: Optional[str] = None
 
     @model_validator(mode="after")
+    def _stream_options(self):
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream=true")
+        return self
+
+    @model_validator(mode="after")
     def _one_constraint(self):
         used = [f for f in STRUCTURED_FIELDS if getattr(self, f) is not None
                 and not (f == "response_format" and self.response_format.type == "text")]

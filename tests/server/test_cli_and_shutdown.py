@@ -82,11 +82,25 @@ def test_sigterm_finishes_in_flight_requests_and_exits_zero():
     assert result["status"] == 200 and result["body"]["usage"]["completion_tokens"] == 60
     with pytest.raises(httpx.HTTPError):
         httpx.get(srv.url + "/health", timeout=2)
+    assert "did not stop" not in srv.output()  # the engine stopped when asked, not killed
 
 
 def test_sigint_also_exits_zero():
     srv = ServerProcess("--max_model_len", "128", "--kv_cache_memory_gb", "0.05")
     assert srv.stop(signal.SIGINT) == 0
+
+
+def test_an_idle_server_stops_its_engine_without_killing_it():
+    """The engine process gets Shutdown and exits by itself; the server does not report a timeout it never waited
+    (two threads reaping the same process made the second see it alive and kill it 0.3 s after SIGTERM)."""
+    for _ in range(3):
+        srv = ServerProcess("--max_model_len", "128", "--kv_cache_memory_gb", "0.05")
+        pid = _engine_pid(srv)
+        assert srv.stop(signal.SIGTERM) == 0
+        out = srv.output()
+        assert "did not stop" not in out and "killing it" not in out, out[-2000:]
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 def test_ctrl_c_to_the_process_group_still_drains():
