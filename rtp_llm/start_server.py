@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from rtp_llm.models.default_model import SERVED_NAME
-    from rtp_llm.server.app import ChatOptions, create_app
+    from rtp_llm.server.app import ChatOptions, CorsOptions, create_app
 
     name = args["served_model_name"] or (
         SERVED_NAME if config.model is None else os.path.basename(os.path.normpath(config.model)))
@@ -83,10 +83,15 @@ def main(argv: list[str] | None = None) -> int:
         with open(template) as f:
             template = f.read()
     app = create_app(engine, name, args["api_key"], args["max_body_bytes"], on_shutdown=_stop_engine,
-                     chat_options=ChatOptions(template, args["tool_call_parser"], args["reasoning_parser"]))
+                     chat_options=ChatOptions(template, args["tool_call_parser"], args["reasoning_parser"]),
+                     cors=CorsOptions(args["allowed_origins"] or [], args["allowed_methods"], args["allowed_headers"],
+                                      args["allow_credentials"]))
 
     log.info("serving %s as %r on http://%s:%d (device %s, engine process pid %d)", engine.model_path, name,
              args["host"], args["port"], device, engine.pid)
+    if not args["api_key"] and args["host"] not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("listening on %s without --api_key: anyone who can reach this address can use the model "
+                    "(set --api_key / API_KEY, or --host 127.0.0.1)", args["host"])
     class _Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
             if not self.should_exit:

@@ -133,3 +133,34 @@ def test_chat_passes_tools_and_template_kwargs_and_structured_outputs_constrain(
     assert ref.startswith("TOOLS:get_time;MOOD:calm\n")  # trim_blocks eats the newline after endfor
     assert out.prompt_token_ids == llm.tokenizer.encode(ref, add_special_tokens=False)
     jsonschema.validate(json.loads(out.outputs[0].text), schema)
+
+
+def test_a_consumer_that_lags_holds_one_merged_output(llm):
+    """A stream whose consumer does not read while the request runs keeps one output (the steps' deltas merged),
+    not one per step: memory bounded whatever the answer's length. Reading it then gives the same answer."""
+    engine = ThreadEngineClient(llm.core)
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, logprobs=1)
+
+    async def main():
+        eager = []
+        async for out in engine.generate("Once upon a time", params):
+            eager.append(out)
+        stream = await engine.submit("Once upon a time", params)
+        for _ in range(400):  # let it finish unread
+            await asyncio.sleep(0.05)
+            if not llm.core.has_unfinished():
+                break
+        await asyncio.sleep(0.2)
+        assert stream._q.pending() == 1
+        lagged = [out async for out in stream]
+        return eager, lagged
+
+    try:
+        eager, lagged = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert len(eager) > 10 and len(lagged) == 1
+    final, merged = eager[-1].outputs[0], lagged[0].outputs[0]
+    assert lagged[0].finished and merged.finish_reason == final.finish_reason == "length"
+    assert merged.delta_text == merged.text == final.text and merged.delta_token_ids == final.token_ids
+    assert [lp.token_id for lp in merged.delta_logprobs] == final.token_ids

@@ -27,6 +27,19 @@ def _opt_int(v: str) -> Optional[int]:
     return None if str(v).lower() in ("", "none", "auto") else int(v)
 
 
+def _str_list(v: str) -> list[str]:
+    """A JSON list of strings (vLLM's form) or comma-separated values."""
+    s = str(v).strip()
+    if s.startswith("["):
+        import json
+
+        items = json.loads(s)
+        if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+            raise ValueError("expected a JSON list of strings")
+        return items
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
 def _opt_str(v: str) -> Optional[str]:
     return None if str(v).lower() in ("", "none") else str(v)
 
@@ -84,6 +97,12 @@ FLAGS = [
     Flag("api_key", "API_KEY", str, None, "require 'Authorization: Bearer <key>' on every route but /health"),
     Flag("served_model_name", "SERVED_MODEL_NAME", str, None, "model name in the API (default: from the path)"),
     Flag("max_body_bytes", "MAX_BODY_BYTES", int, 1 << 20, "largest request body accepted"),
+    Flag("allowed_origins", "ALLOWED_ORIGINS", _str_list, None,
+         "CORS: origins allowed to call the API from a browser (JSON list or comma-separated, * for any); none = no "
+         "CORS headers"),
+    Flag("allowed_methods", "ALLOWED_METHODS", _str_list, ["*"], "CORS: allowed methods"),
+    Flag("allowed_headers", "ALLOWED_HEADERS", _str_list, ["*"], "CORS: allowed request headers"),
+    Flag("allow_credentials", "ALLOW_CREDENTIALS", _bool, False, "CORS: allow credentials"),
     Flag("chat_template", "CHAT_TEMPLATE", str, None,
          "a Jinja chat template (a file path or the template itself) replacing the model's"),
     Flag("tool_call_parser", "TOOL_CALL_PARSER", str, "auto",

@@ -59,6 +59,10 @@ class Device(ABC):
         (`stored`: what its weights load as)."""
         return parse_dtype(requested, default=stored)
 
+    def check_fits(self, weight_bytes: int, kv_bytes: int) -> None:
+        """Raises ValueError, naming both sizes and the flags that change them, when the model's weights and KV cache
+        cannot fit the memory they go to. Accelerators: their allocator's own error is already clear."""
+
     def kv_cache_budget(self, config) -> int:
         """Bytes for the KV cache when the config gives no size: a fraction of free device memory."""
         free, _ = self.memory_info()

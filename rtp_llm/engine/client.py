@@ -6,7 +6,7 @@ params)`. One interface, two transports (as vLLM's core_client.py):
 Both speak the typed messages of engine/protocol.py to the same loop (engine/core_loop.py).
 
 Requests are validated and tokenized here (the client's InputProcessor), so a bad one is refused before it
-travels. Outputs reach each request's asyncio.Queue through loop.call_soon_threadsafe, one event-loop wake-up per
+travels. Outputs reach each request's mailbox (merged while its consumer lags) through loop.call_soon_threadsafe, one event-loop wake-up per
 step; cancelling the consumer (a client that disconnects) aborts the request and frees its KV blocks.
 """
 
@@ -24,7 +24,7 @@ from typing import AsyncIterator, Callable, Optional, Sequence, Union
 
 from rtp_llm.engine.core_loop import ThreadTransport, run, run_engine_process
 from rtp_llm.engine.input_processor import InputProcessor
-from rtp_llm.engine.outputs import OutputCollector, RequestOutput
+from rtp_llm.engine.outputs import CompletionOutput, OutputCollector, RequestOutput
 from rtp_llm.engine.protocol import (AbortRequest, AddRequest, Added, CoreDied, Shutdown, StartupFailed,
                                      StatsUpdate, StepOutputs, WorkerFailed)
 from rtp_llm.errors import EngineDeadError, TPWorkerError
@@ -45,7 +45,7 @@ class EngineClient:
     def __init__(self, on_death=None):
         """on_death(exc): called once if the engine dies."""
         self._on_death = on_death
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, "OutputMailbox"]] = {}
         self._adds: dict[str, AddCallback] = {}  # requests awaiting the core's answer (under _lock)
         self._collector = OutputCollector()
         self._accepting = True
@@ -131,7 +131,7 @@ class EngineClient:
         rid = request_id or uuid.uuid4().hex
         request = self.processor.process(rid, prompt, params)
         loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
+        q = OutputMailbox()
         added: asyncio.Future = loop.create_future()
 
         def done(exc):
@@ -322,11 +322,55 @@ def _put_all(items) -> None:
         q.put_nowait(item)
 
 
+class OutputMailbox:
+    """One request's outputs not yet taken by its consumer, merged into one RequestOutput: a consumer that falls
+    behind (a client reading slowly) costs one output's memory, not one per step (each carries the totals so far,
+    so a per-step queue grew with the square of the answer's length). An exception (the engine died) replaces
+    whatever is pending. Event-loop side only."""
+
+    def __init__(self):
+        self._item = None
+        self._ready = asyncio.Event()
+
+    def put_nowait(self, item) -> None:
+        pending = self._item
+        if pending is None or isinstance(item, BaseException):
+            self._item = item
+        elif not isinstance(pending, BaseException):
+            self._item = _merge_outputs(pending, item)
+        self._ready.set()
+
+    async def get(self):
+        await self._ready.wait()
+        item, self._item = self._item, None
+        self._ready.clear()
+        return item
+
+    def pending(self) -> int:
+        return 0 if self._item is None else 1
+
+
+def _merge_outputs(old: RequestOutput, new: RequestOutput) -> RequestOutput:
+    """`new`'s totals with both outputs' deltas: what one output covering both steps would have been."""
+    before = {o.index: o for o in old.outputs}
+    merged = []
+    for o in new.outputs:
+        p = before.get(o.index)
+        if p is not None:
+            o = CompletionOutput(o.index, o.text, o.token_ids, p.delta_text + o.delta_text,
+                                 p.delta_token_ids + o.delta_token_ids, o.logprobs,
+                                 None if o.delta_logprobs is None else (p.delta_logprobs or []) + o.delta_logprobs,
+                                 o.finish_reason, o.stop_reason)
+        merged.append(o)
+    return RequestOutput(new.request_id, new.prompt_token_ids, merged, new.finished, new.num_cached_tokens,
+                         new.error, new.metrics)
+
+
 class RequestStream:
     """Outputs of one request. Leaving it before the request finished (an exception, a cancelled task, a
     disconnected client) aborts the request and frees its KV blocks."""
 
-    def __init__(self, engine: EngineClient, request_id: str, q: asyncio.Queue):
+    def __init__(self, engine: EngineClient, request_id: str, q: OutputMailbox):
         self.engine, self.request_id, self._q = engine, request_id, q
         self.finished = False
 

@@ -66,11 +66,13 @@ class EngineCore:
             raise
 
     def _init_model(self, config: EngineConfig, model, model_config, tokenizer) -> None:
-        from rtp_llm.models.registry import load_engine_model
+        from rtp_llm.models.registry import load_engine_model, memory_plan
         from rtp_llm.tokenizer import Tokenizer
 
         tp = self.tp_runtime.tp if self.tp_runtime else None
         if model is None:
+            if tp is None:  # tensor-parallel ranks hold shares: each rank's device answers for its own
+                self.device.check_fits(*memory_plan(config, self.device, self.block_size))
             model, model_config = load_engine_model(config, self.device, tp, progress=True)
         self.model_config = mc = model_config
         self.tokenizer = tokenizer or Tokenizer.load(config.tokenizer or config.model)

@@ -119,8 +119,10 @@ def run(core, transport) -> None:
 def run_engine_process(config, conn, log_level: str) -> None:
     """Entry point of the engine process (multiprocessing spawn target): builds the core, says Ready, serves."""
     _die_with_parent()
-    # Ctrl-C reaches the whole foreground process group: the server decides how to stop, not this process.
+    # Ctrl-C, and a supervisor's SIGTERM (systemd's KillMode=control-group, kill -TERM -PGID, timeout), reach the
+    # whole process group: the server decides how to stop (it drains, then sends Shutdown), not this process.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     transport = PipeTransport(conn)
     from rtp_llm.engine.core import EngineCore

@@ -22,7 +22,12 @@ log = logging.getLogger("rtp_llm.engine.tp_worker")
 def _die_with_parent() -> None:
     """A spawned worker must not outlive the rank 0 that spawned it (Linux: PR_SET_PDEATHSIG)."""
     parent = int(os.environ.get(SPAWNED_ENV, "0"))
-    if not parent or not sys.platform.startswith("linux"):
+    if not parent:
+        return
+    # A group signal (Ctrl-C, a supervisor's SIGTERM) is rank 0's to act on: it stops its workers when it is done.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if not sys.platform.startswith("linux"):
         return
     import ctypes
 

@@ -6,6 +6,7 @@ Llama, Qwen2 and Qwen3 share one graph (DecoderLM); their differences are ModelC
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -23,6 +24,31 @@ def stored_dtype(path: str, cfg: ModelConfig) -> torch.dtype:
     """The dtype the checkpoint's weights load as: its own (config.json), float32 for GGUF (its dequantized
     values; block-format matrices the device multiplies as stored keep their blocks, with float32 activations)."""
     return torch.float32 if find_gguf(path) else cfg.dtype
+
+
+def memory_plan(engine_config, device, block_size: int) -> tuple[int, int]:
+    """(weight bytes, KV-cache bytes) an engine will hold, estimated before loading anything: the GGUF file's size
+    where its blocks stay as stored, else the parameter count at the run dtype (1 byte each for int8 layers); the
+    KV cache from num_blocks / kv_cache_memory_gb / the device's budget."""
+    from rtp_llm.cache import kv_cache_blocks
+    from rtp_llm.cache.kv_buffer import KVBuffer
+
+    cfg = load_config(engine_config.model, engine_config.model_type)
+    dtype = device.model_dtype(engine_config.dtype, stored_dtype(engine_config.model, cfg))
+    h, inter, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    linear = layers * (h * (q + 2 * kv) + q * h + 3 * h * inter)
+    embed = cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
+    item = torch.empty((), dtype=dtype).element_size()
+    gguf = find_gguf(engine_config.model)
+    if gguf and engine_config.quantization == "auto" and device.ops().runs_quantized("Q8_0", dtype):
+        weights = os.path.getsize(gguf)
+    elif engine_config.quantization == "int8":
+        weights = linear + embed * item
+    else:
+        weights = (linear + embed) * item
+    blocks = kv_cache_blocks(engine_config, device, layers, block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
+    return weights, blocks * KVBuffer.bytes_per_block(layers, block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
 
 
 def load_engine_model(engine_config, device, tp=None, progress: bool = False) -> tuple[DecoderLM, ModelConfig]:

@@ -8,7 +8,7 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Optional
 
 from fastapi import FastAPI, Request
@@ -25,8 +25,8 @@ from rtp_llm.server import openai_format as fmt
 from rtp_llm.server.metrics import Metrics
 from rtp_llm.server.middleware import AuthMiddleware, BodyLimitMiddleware
 from rtp_llm.server.chat_parsing import ChatOutputParser
-from rtp_llm.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, NativeRequest,
-                                     TokenizeRequest, error_body)
+from rtp_llm.server.protocol import (BadText, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                     NativeRequest, TokenizeRequest, error_body)
 from rtp_llm.tokenizer.reasoning_parser import THINK_END, THINK_START, ReasoningParser
 from rtp_llm.tokenizer.tool_parsers import ForcedCallParser, detect_tool_parser, forced_calls_schema, make_tool_parser
 
@@ -62,6 +62,16 @@ class ChatOptions:
     chat_template: Optional[str] = None
     tool_call_parser: str = "auto"
     reasoning_parser: Optional[str] = None
+
+
+@dataclass
+class CorsOptions:
+    """vLLM's --allowed_origins / --allowed_methods / --allowed_headers / --allow_credentials; no origins = no
+    CORS headers at all."""
+    allowed_origins: list = field(default_factory=list)
+    allowed_methods: list = field(default_factory=lambda: ["*"])
+    allowed_headers: list = field(default_factory=lambda: ["*"])
+    allow_credentials: bool = False
 
 
 class Server:
@@ -116,8 +126,9 @@ class Server:
                  "" if user is None else f", user={user!r}")
 
     async def merged(self, streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """(stream index, output) from several streams as they come; closes all on exit."""
-        q: asyncio.Queue = asyncio.Queue()
+        """(stream index, output) from several streams as they come; closes all on exit. The queue is bounded: a
+        slow consumer leaves the outputs in each stream's mailbox, where they merge (bounded memory)."""
+        q: asyncio.Queue = asyncio.Queue(maxsize=len(streams))
 
         async def pump(i, s):
             try:
@@ -202,7 +213,7 @@ class Server:
 
 def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[str] = None,
                max_body_bytes: int = 1 << 20, on_shutdown: Optional[Callable[[], None]] = None,
-               chat_options: Optional[ChatOptions] = None) -> FastAPI:
+               chat_options: Optional[ChatOptions] = None, cors: Optional[CorsOptions] = None) -> FastAPI:
     """on_shutdown runs once the server has stopped serving (after the graceful drain)."""
     srv = Server(engine, served_model_name, chat_options)
     max_model_len = srv.max_model_len
@@ -234,6 +245,9 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
         if first.get("type") == "json_invalid":
             return _error(400, f"the body is not valid JSON: {msg}", code="invalid_json")
         field = ".".join(loc) or None
+        cause = (first.get("ctx") or {}).get("error")
+        if isinstance(cause, BadText):
+            return _error(400, str(cause), param=cause.path or None, code="invalid_text")
         if first.get("type") == "extra_forbidden":
             return _error(400, f"{field}: this server does not implement this field (remove it from the request)",
                           param=field, code="unsupported_parameter")
@@ -283,7 +297,10 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
             ids = _chat_prompt(srv, req.messages, req.add_generation_prompt, _template_variables(req))
         else:
             ids = srv.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-        return {"tokens": ids, "count": len(ids), "max_model_len": max_model_len}
+        body = {"tokens": ids, "count": len(ids), "max_model_len": max_model_len}
+        if req.return_token_strs:
+            body["token_strs"] = [srv.tokenizer.id_to_token(i) for i in ids]
+        return body
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest):
@@ -291,7 +308,8 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
         bad = [t for t in req.tokens if not 0 <= t < vocab]
         if bad:
             raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="tokens")
-        return {"prompt": srv.tokenizer.decode(req.tokens, skip_special_tokens=False)}
+        text = srv.tokenizer.decode(req.tokens, skip_special_tokens=False)
+        return {"prompt": text, "content": text}  # content: llama.cpp's name for it
 
     # --- OpenAI --------------------------------------------------------------------------------------
     @app.post("/v1/chat/completions")
@@ -303,6 +321,8 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
                            "(hermes or llama3_json; this model's chat template does not say which), or use "
                            "tool_choice required or a named function", param="tool_choice")
         text = _chat_text(srv, req.messages, req.add_generation_prompt, _template_variables(req))
+        if req.continue_final_message:
+            text = _left_open(text, req.messages[-1].text())
         ids = srv.tokenizer.encode(text, add_special_tokens=False)  # the template writes the special tokens
         constraint, field = _tool_constraint(req, choice)
         max_tokens = req.max_completion_tokens or req.max_tokens
@@ -316,12 +336,10 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
         stream = await srv.submit(ids, params, rid, req.user)
         created = int(time.time())
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(_ends_with_error_event(
-                _chat_stream(srv, stream, rid, created, req.n, include_usage, parser)),
-                media_type="text/event-stream")
+                _chat_stream(srv, stream, rid, created, req, parser, len(ids))), media_type="text/event-stream")
         out = (await srv.collect(request, [stream]))[0]
-        return fmt.chat_response(srv, out, rid, created, parser)
+        return fmt.chat_response(srv, out, rid, created, parser, req)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
@@ -341,9 +359,8 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
             raise
         created = int(time.time())
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(_ends_with_error_event(
-                _completion_stream(srv, streams, rid, created, req, include_usage)),
+                _completion_stream(srv, streams, rid, created, req, [len(x) for x in encoded])),
                 media_type="text/event-stream")
         outs = await srv.collect(request, streams)
         return fmt.completion_response(srv, outs, rid, created, req, prompts)
@@ -401,6 +418,11 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
     if api_key:
         app.add_middleware(AuthMiddleware, api_key=api_key)
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
+    if cors is not None and cors.allowed_origins:  # outermost: a preflight is answered before auth
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=cors.allowed_origins, allow_methods=cors.allowed_methods,
+                           allow_headers=cors.allowed_headers, allow_credentials=cors.allow_credentials)
     return app
 
 
@@ -427,6 +449,22 @@ def _template_variables(req) -> dict:
     if req.tools:
         variables["tools"] = [t.model_dump(exclude_none=True) for t in req.tools]
     return variables
+
+
+def _left_open(rendered: str, final: str) -> str:
+    """The conversation cut right after the final message's text (transformers' continue_final_message), so the
+    answer continues it instead of starting a new turn."""
+    for needle in (final, final.strip()):
+        if needle and needle in rendered:
+            return rendered[:rendered.rindex(needle) + len(needle)]
+    raise APIError(400, "continue_final_message: the last message's text does not appear in the rendered "
+                   "conversation (the template changed it, or it is empty)", param="messages")
+
+
+def _echo_text(req: ChatCompletionRequest) -> str:
+    """vLLM's chat echo: the last message's text when it is the assistant's (the one being continued)."""
+    last = req.messages[-1]
+    return last.text() if req.echo and last.role == "assistant" else ""
 
 
 def _tool_constraint(req: ChatCompletionRequest, choice: str) -> tuple[Optional[dict], Optional[str]]:
@@ -459,7 +497,7 @@ def _parser_factory(srv: Server, req: ChatCompletionRequest, choice: str,
             tools = make_tool_parser(srv.tool_parser)
         else:
             tools = None
-        return ChatOutputParser(srv.reasoning_parser, tools, reasoning_closed)
+        return ChatOutputParser(srv.reasoning_parser, tools, reasoning_closed, _echo_text(req))
     return make
 
 
@@ -473,18 +511,28 @@ async def _ends_with_error_event(gen):
         yield _sse(error_body(str(exc), "server_error", None, "engine_unavailable"))
 
 
-async def _chat_stream(srv: Server, stream: RequestStream, rid, created, n, include_usage, make_parser):
+def _usage_flags(req) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats) of a streamed request."""
+    so = req.stream_options
+    return bool(so and so.include_usage), bool(so and so.continuous_usage_stats)
+
+
+async def _chat_stream(srv: Server, stream: RequestStream, rid, created, req, make_parser, prompt_len: int):
+    n = req.n
+    include_usage, continuous = _usage_flags(req)
     sent_role = [False] * n
     parsers = [make_parser() for _ in range(n)]
     ended: set[int] = set()  # a choice that finished early reappears, finished, in later outputs: end it once
     final = None
     async for _, out in srv.merged([stream]):
+        usage = fmt.running_usage(prompt_len, sum(len(o.token_ids) for o in out.outputs)) if continuous else None
         for o in out.outputs:
             if o.index in ended:
                 continue
             if o.finish_reason is not None:
                 ended.add(o.index)
-            for chunk in fmt.chat_chunks(srv, rid, created, o, parsers[o.index], first=not sent_role[o.index]):
+            for chunk in fmt.chat_chunks(srv, rid, created, o, parsers[o.index], not sent_role[o.index], req, usage,
+                                         out.prompt_token_ids):
                 sent_role[o.index] = True
                 yield _sse(chunk)
         final = out
@@ -494,18 +542,25 @@ async def _chat_stream(srv: Server, stream: RequestStream, rid, created, n, incl
     yield "data: [DONE]\n\n"
 
 
-async def _completion_stream(srv: Server, streams, rid, created, req, include_usage):
+async def _completion_stream(srv: Server, streams, rid, created, req, prompt_lens: list[int]):
+    include_usage, continuous = _usage_flags(req)
     finals = {}
+    produced = [0] * len(streams)
     ended: set[int] = set()  # a choice that finished early reappears, finished, in later outputs: end it once
+    announced: set[int] = set()
     async for i, out in srv.merged(streams):
+        produced[i] = sum(len(o.token_ids) for o in out.outputs)
+        usage = fmt.running_usage(sum(prompt_lens), sum(produced)) if continuous else None
         for o in out.outputs:
             index = i * req.n + o.index
             if index in ended:
                 continue
             if o.finish_reason is not None:
                 ended.add(index)
-            chunk = fmt.completion_chunk(srv, rid, created, index, o)
+            prompt_ids = None if index in announced else out.prompt_token_ids
+            chunk = fmt.completion_chunk(srv, rid, created, index, o, req, usage, prompt_ids)
             if chunk is not None:
+                announced.add(index)
                 yield _sse(chunk)
         if out.finished:
             finals[i] = out

@@ -12,7 +12,8 @@ from rtp_llm.tokenizer.tool_parsers import ToolCall
 
 
 class ChatOutputParser:
-    def __init__(self, reasoning: Optional[str] = None, tools=None, reasoning_closed: bool = False):
+    def __init__(self, reasoning: Optional[str] = None, tools=None, reasoning_closed: bool = False,
+                 echo: str = ""):
         """reasoning: a reasoning parser's name (reasoning_closed: the prompt already ended the reasoning part);
         tools: a tool parser (tokenizer/tool_parsers.py) or None."""
         self.reasoning = ReasoningParser(reasoning, reasoning_closed) if reasoning else None
@@ -21,6 +22,7 @@ class ChatOutputParser:
         self.content: list[str] = []
         self.reasoning_text: list[str] = []
         self.streamed_calls = 0
+        self.echo = echo  # vLLM's chat echo: the continued message's text comes first in the content
 
     def _route(self, pieces: list[tuple[str, str]], final: bool) -> list:
         out = []
@@ -41,6 +43,9 @@ class ChatOutputParser:
         if final and self.reasoning:
             pieces += self.reasoning.finish()
         events = [e for e in self._route(pieces, final) if not (e[0] != "call" and not e[1])]
+        if self.echo:
+            events.insert(0, ("content", self.echo))
+            self.echo = ""
         for kind, value in events:
             if kind == "call":
                 self.calls.append(value)

@@ -39,6 +39,12 @@ class _EngineCollector:
         yield counter("rtp_llm_prefix_cache_hit_tokens", "Prompt tokens reused from the prefix cache.",
                       s["prefix_hit_tokens"])
         yield counter("rtp_llm_preemptions", "Sequences preempted for lack of KV blocks.", s["preemptions"])
+        # The same values under vLLM's names, for dashboards built for vLLM (README: "Metrics").
+        yield gauge("vllm:num_requests_running", "Sequences running in the engine.", s["running"])
+        yield gauge("vllm:num_requests_waiting", "Sequences waiting to be admitted.", s["waiting"])
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = full.", s["kv_usage"])
+        yield counter("vllm:prompt_tokens", "Prompt tokens computed.", s["prompt_tokens"])
+        yield counter("vllm:generation_tokens", "Tokens generated.", s["generation_tokens"])
 
 
 class Metrics:
@@ -55,6 +61,16 @@ class Metrics:
                              buckets=_LATENCY_BUCKETS, **kw)
         self.finished = Counter("rtp_llm_request_success", "Finished requests by finish reason.",
                                 labelnames=["model_name", "finished_reason"], registry=self.registry)
+        # vLLM's names. Inter-token latency: each request's mean interval, observed once per interval (the sum
+        # and count are exact; the buckets hold means, not single intervals).
+        self.vllm_ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.",
+                                   buckets=_LATENCY_BUCKETS, **kw)
+        self.vllm_itl = Histogram("vllm:inter_token_latency_seconds", "Time between output tokens.",
+                                  buckets=_TPOT_BUCKETS, **kw)
+        self.vllm_e2e = Histogram("vllm:e2e_request_latency_seconds", "Request latency, arrival to finish.",
+                                  buckets=_LATENCY_BUCKETS, **kw)
+        self.vllm_finished = Counter("vllm:request_success", "Finished requests by finish reason.",
+                                     labelnames=["model_name", "finished_reason"], registry=self.registry)
 
     def observe(self, out) -> None:
         """Records a finished RequestOutput."""
@@ -62,10 +78,17 @@ class Metrics:
         arrival, first, finish = m.get("arrival"), m.get("first_token"), m.get("finish")
         if arrival is not None and first is not None:
             self.ttft.labels(self.model).observe(first - arrival)
+            self.vllm_ttft.labels(self.model).observe(first - arrival)
         if arrival is not None and finish is not None:
             self.e2e.labels(self.model).observe(finish - arrival)
+            self.vllm_e2e.labels(self.model).observe(finish - arrival)
         n_out = max((len(o.token_ids) for o in out.outputs), default=0)
         if first is not None and finish is not None and n_out > 1:
-            self.tpot.labels(self.model).observe((finish - first) / (n_out - 1))
+            mean = (finish - first) / (n_out - 1)
+            self.tpot.labels(self.model).observe(mean)
+            itl = self.vllm_itl.labels(self.model)
+            for _ in range(n_out - 1):
+                itl.observe(mean)
         for o in out.outputs:
             self.finished.labels(self.model, o.finish_reason or "unknown").inc()
+            self.vllm_finished.labels(self.model, o.finish_reason or "unknown").inc()

@@ -18,15 +18,17 @@ async def _send_json(send, status: int, body: dict, headers=()) -> None:
 
 
 class AuthMiddleware:
-    """Requires `Authorization: Bearer <api_key>` on every route except /health."""
+    """Requires `Authorization: Bearer <api_key>` on every route except /health and /metrics (probes and Prometheus
+    scrapers; neither says anything about prompts), and on no CORS preflight (an OPTIONS request: browsers never
+    send credentials on it). The key is compared in constant time."""
 
-    OPEN_PATHS = ("/health",)
+    OPEN_PATHS = ("/health", "/metrics")
 
     def __init__(self, app, api_key: str):
         self.app, self.key = app, api_key.encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"] not in self.OPEN_PATHS:
+        if scope["type"] == "http" and scope["path"] not in self.OPEN_PATHS and scope["method"] != "OPTIONS":
             auth = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(auth, b"Bearer " + self.key):
                 await _send_json(send, 401, error_body("invalid or missing API key", "authentication_error",

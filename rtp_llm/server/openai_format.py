@@ -1,4 +1,9 @@
-"""Engine outputs -> OpenAI / RTP-LLM response bodies."""
+"""Engine outputs -> OpenAI / RTP-LLM response bodies.
+
+vLLM's response extras, when the request asks: return_token_ids (prompt ids once, output ids per choice and per
+chunk), return_tokens_as_token_ids (logprob tokens spelled "token_id:<id>"), stream_options.continuous_usage_stats
+(usage so far on every chunk).
+"""
 
 from __future__ import annotations
 
@@ -8,33 +13,45 @@ from typing import Iterable, Optional
 from rtp_llm.engine.outputs import CompletionOutput, RequestOutput
 
 
-def _token_text(srv, token_id: int) -> str:
+def _token_text(srv, token_id: int, as_ids: bool = False) -> str:
+    if as_ids:  # vLLM's return_tokens_as_token_ids: tokens that are not whole UTF-8 stay identifiable
+        return f"token_id:{token_id}"
     return srv.tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-def _chat_logprobs(srv, lps) -> Optional[dict]:
+def _as_ids(req) -> bool:
+    return bool(req is not None and req.return_tokens_as_token_ids)
+
+
+def _chat_logprobs(srv, lps, as_ids: bool = False) -> Optional[dict]:
     if lps is None:
         return None
     content = []
     for lp in lps:
-        tok = _token_text(srv, lp.token_id)
+        tok = _token_text(srv, lp.token_id, as_ids)
         content.append({"token": tok, "logprob": lp.logprob, "bytes": list(tok.encode("utf-8")),
-                        "top_logprobs": [{"token": (t := _token_text(srv, i)), "logprob": v,
+                        "top_logprobs": [{"token": (t := _token_text(srv, i, as_ids)), "logprob": v,
                                           "bytes": list(t.encode("utf-8"))} for i, v in lp.top]})
     return {"content": content}
 
 
-def _completion_logprobs(srv, lps, text_start: int = 0) -> Optional[dict]:
+def _completion_logprobs(srv, lps, text_start: int = 0, as_ids: bool = False) -> Optional[dict]:
     if lps is None:
         return None
     tokens, offsets, pos = [], [], text_start
     for lp in lps:
-        t = _token_text(srv, lp.token_id)
+        t = _token_text(srv, lp.token_id, as_ids)
         tokens.append(t)
         offsets.append(pos)
         pos += len(t)
     return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps],
-            "top_logprobs": [{_token_text(srv, i): v for i, v in lp.top} for lp in lps], "text_offset": offsets}
+            "top_logprobs": [{_token_text(srv, i, as_ids): v for i, v in lp.top} for lp in lps],
+            "text_offset": offsets}
+
+
+def running_usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
 
 
 def sum_usage(outs: Iterable[RequestOutput]) -> dict:
@@ -45,37 +62,54 @@ def sum_usage(outs: Iterable[RequestOutput]) -> dict:
     return total
 
 
-def chat_response(srv, out: RequestOutput, rid: str, created: int, make_parser) -> dict:
+def chat_response(srv, out: RequestOutput, rid: str, created: int, make_parser, req=None) -> dict:
     choices = []
     for o in out.outputs:
         parser = make_parser()
         parser.feed(o.text, final=True)
-        choices.append({"index": o.index, "message": parser.message(), "logprobs": _chat_logprobs(srv, o.logprobs),
-                        "finish_reason": parser.finish_reason(o.finish_reason)})
-    return {"id": rid, "object": "chat.completion", "created": created, "model": srv.model_name,
+        choice = {"index": o.index, "message": parser.message(),
+                  "logprobs": _chat_logprobs(srv, o.logprobs, _as_ids(req)),
+                  "finish_reason": parser.finish_reason(o.finish_reason)}
+        if req is not None and req.return_token_ids:
+            choice["token_ids"] = list(o.token_ids)
+        choices.append(choice)
+    body = {"id": rid, "object": "chat.completion", "created": created, "model": srv.model_name,
             "system_fingerprint": None, "choices": choices, "usage": out.usage}
+    if req is not None and req.return_token_ids:
+        body["prompt_token_ids"] = list(out.prompt_token_ids)
+    return body
 
 
-def chat_chunks(srv, rid: str, created: int, o: CompletionOutput, parser, first: bool) -> list[dict]:
-    """This step's chunks of one choice: its new reasoning / content / tool-call deltas (the role on the very
-    first), the step's logprobs on the first chunk, the finish reason on the last."""
+def chat_chunks(srv, rid: str, created: int, o: CompletionOutput, parser, first: bool, req=None,
+                usage: Optional[dict] = None, prompt_ids: Optional[list] = None) -> list[dict]:
+    """This step's chunks of one choice: the role alone first (on the choice's very first chunk), then its new
+    reasoning / content / tool-call deltas, the step's logprobs on the first of them, the finish reason on the
+    last. usage: the running usage (continuous_usage_stats); prompt_ids: sent once (return_token_ids)."""
     deltas = []
     for event in parser.feed(o.delta_text, final=o.finish_reason is not None):
         deltas.extend(parser.delta(event))
     finish = parser.finish_reason(o.finish_reason)
-    if not deltas and (finish or o.delta_logprobs):
+    ids = req is not None and req.return_token_ids
+    if not deltas and (finish or o.delta_logprobs or (ids and o.delta_token_ids)):
         deltas = [{}]
-    chunks = [{"id": rid, "object": "chat.completion.chunk", "created": created, "model": srv.model_name,
-               "system_fingerprint": None,
-               "choices": [{"index": o.index, "delta": d,
-                            "logprobs": _chat_logprobs(srv, o.delta_logprobs) if i == 0 else None,
-                            "finish_reason": finish if i == len(deltas) - 1 else None}]}
-              for i, d in enumerate(deltas)]
+    head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": srv.model_name,
+            "system_fingerprint": None}
+    chunks = []
+    for i, d in enumerate(deltas):
+        choice = {"index": o.index, "delta": d,
+                  "logprobs": _chat_logprobs(srv, o.delta_logprobs, _as_ids(req)) if i == 0 else None,
+                  "finish_reason": finish if i == len(deltas) - 1 else None}
+        if ids:
+            choice["token_ids"] = list(o.delta_token_ids) if i == 0 else []
+        chunks.append({**head, "choices": [choice]})
     if first:  # OpenAI's first chunk: the role alone, then the deltas
-        chunks.insert(0, {"id": rid, "object": "chat.completion.chunk", "created": created, "model": srv.model_name,
-                          "system_fingerprint": None,
-                          "choices": [{"index": o.index, "delta": {"role": "assistant", "content": ""},
-                                       "logprobs": None, "finish_reason": None}]})
+        chunks.insert(0, {**head, "choices": [{"index": o.index, "delta": {"role": "assistant", "content": ""},
+                                               "logprobs": None, "finish_reason": None}]})
+        if ids and prompt_ids is not None:
+            chunks[0]["prompt_token_ids"] = list(prompt_ids)
+    if usage is not None:
+        for c in chunks:
+            c["usage"] = usage
     return chunks
 
 
@@ -87,19 +121,33 @@ def completion_response(srv, outs: list[RequestOutput], rid: str, created: int, 
             p = prompts[i]
             prefix = p if isinstance(p, str) else srv.tokenizer.decode(p, skip_special_tokens=False)
         for o in out.outputs:
-            choices.append({"index": i * req.n + o.index, "text": prefix + o.text,
-                            "logprobs": _completion_logprobs(srv, o.logprobs, len(prefix)),
-                            "finish_reason": o.finish_reason})
+            choice = {"index": i * req.n + o.index, "text": prefix + o.text,
+                      "logprobs": _completion_logprobs(srv, o.logprobs, len(prefix), _as_ids(req)),
+                      "finish_reason": o.finish_reason}
+            if req.return_token_ids:
+                choice.update(prompt_token_ids=list(out.prompt_token_ids), token_ids=list(o.token_ids))
+            choices.append(choice)
     return {"id": rid, "object": "text_completion", "created": created, "model": srv.model_name,
             "system_fingerprint": None, "choices": choices, "usage": sum_usage(outs)}
 
 
-def completion_chunk(srv, rid: str, created: int, index: int, o: CompletionOutput) -> Optional[dict]:
-    if not (o.delta_text or o.finish_reason):
+def completion_chunk(srv, rid: str, created: int, index: int, o: CompletionOutput, req=None,
+                     usage: Optional[dict] = None, prompt_ids: Optional[list] = None) -> Optional[dict]:
+    ids = req is not None and req.return_token_ids
+    if not (o.delta_text or o.finish_reason or (ids and (o.delta_token_ids or prompt_ids is not None))):
         return None
-    return {"id": rid, "object": "text_completion", "created": created, "model": srv.model_name,
-            "system_fingerprint": None, "choices": [{"index": index, "text": o.delta_text, "logprobs": _completion_logprobs(srv, o.delta_logprobs),
-                         "finish_reason": o.finish_reason}]}
+    choice = {"index": index, "text": o.delta_text,
+              "logprobs": _completion_logprobs(srv, o.delta_logprobs, as_ids=_as_ids(req)),
+              "finish_reason": o.finish_reason}
+    if ids:
+        choice["token_ids"] = list(o.delta_token_ids)
+        if prompt_ids is not None:
+            choice["prompt_token_ids"] = list(prompt_ids)
+    body = {"id": rid, "object": "text_completion", "created": created, "model": srv.model_name,
+            "system_fingerprint": None, "choices": [choice]}
+    if usage is not None:
+        body["usage"] = usage
+    return body
 
 
 def native_response(out: RequestOutput, t0: float, incremental: bool) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_N = 16
 MAX_STOP = 16
@@ -22,8 +22,45 @@ class _Base(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+class BadText(ValueError):
+    """A string of the request that is not valid Unicode text (a lone surrogate such as \\udcff: valid JSON, but
+    no UTF-8 spelling, so no tokenizer or template can take it). `path`: the field, as the error's param."""
+
+    def __init__(self, path: str, message: str):
+        super().__init__(message)
+        self.path = path
+
+
+def _check_text(value, path: str = "") -> None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = value[exc.start]
+            raise BadText(path, f"{path or 'body'}: not valid Unicode text (lone surrogate U+{ord(bad):04X} at "
+                                f"character {exc.start})") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_text(k, path)
+            _check_text(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_text(v, f"{path}.{i}" if path else str(i))
+
+
+class _Request(_Base):
+    """A whole request body: every string in it, at any depth, is checked for text no tokenizer can take."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text(cls, data):
+        _check_text(data)
+        return data
+
+
 class StreamOptions(_Base):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: the usage so far on every chunk
 
 
 class TextPart(_Base):
@@ -53,8 +90,9 @@ class ChatMessage(_Base):
     @field_validator("role")
     @classmethod
     def _role(cls, v: str) -> str:
-        if v not in ROLES:
-            raise ValueError(f"unknown role {v!r}; use one of {', '.join(ROLES)}")
+        # Roles beyond OpenAI's (ROLES) go to the template as vLLM passes them; the template may refuse them.
+        if not v or len(v) > 64 or not v.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"role {v!r}: a role is a word of letters, digits, '_' or '-' (e.g. {', '.join(ROLES)})")
         return v
 
     def text(self) -> str:
@@ -144,7 +182,7 @@ STRUCTURED_FIELDS = ("response_format", "structured_outputs", "guided_json", "gu
                      "guided_grammar")
 
 
-class _Sampling(_Base):
+class _Sampling(_Request):
     model: Optional[str] = None
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -166,6 +204,8 @@ class _Sampling(_Base):
     logit_bias: Optional[dict[str, float]] = None  # OpenAI: token id (as a string key) -> bias in [-100, 100]
     allowed_token_ids: Optional[list[int]] = Field(None, min_length=1)  # vLLM
     bad_words: Optional[list[str]] = Field(None, max_length=MAX_STOP)   # vLLM
+    return_token_ids: bool = False            # vLLM: prompt and output token ids in the response
+    return_tokens_as_token_ids: bool = False  # vLLM: logprob tokens as "token_id:<id>"
     # Structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_* names.
     response_format: Optional[ResponseFormat] = None
     structured_outputs: Optional[StructuredOutputsRequest] = None
@@ -250,6 +290,15 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: Optional[dict[str, Any]] = None  # more template variables, e.g. enable_thinking
+    continue_final_message: bool = False  # vLLM: the answer continues the last (assistant) message, left open
+    echo: bool = False                    # vLLM: the answer starts with that last message's text
+
+    @model_validator(mode="after")
+    def _continue(self):
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true (set "
+                             "add_generation_prompt=false to continue the last message)")
+        return self
 
     @model_validator(mode="after")
     def _logprobs(self):
@@ -343,19 +392,20 @@ class GenerateConfig(_Base):
         return v
 
 
-class NativeRequest(_Base):
+class NativeRequest(_Request):
     prompt: str
     generate_config: GenerateConfig = Field(default_factory=GenerateConfig)
     yield_generator: bool = False
 
 
-class TokenizeRequest(_Base):
-    prompt: Optional[str] = None
+class TokenizeRequest(_Request):
+    prompt: Optional[str] = Field(None, validation_alias=AliasChoices("prompt", "content"))  # llama.cpp: content
     messages: Optional[list[ChatMessage]] = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     tools: Optional[list[Tool]] = None                      # with messages: rendered as chat completions do
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    return_token_strs: bool = False                          # vLLM: the vocabulary strings of the ids too
 
     @model_validator(mode="after")
     def _one(self):
@@ -366,7 +416,7 @@ class TokenizeRequest(_Base):
         return self
 
 
-class DetokenizeRequest(_Base):
+class DetokenizeRequest(_Request):
     tokens: list[int]
 
 

@@ -1,5 +1,7 @@
 """Bad input gets a 4xx with an OpenAI-style error body, never a 5xx or a hang."""
 
+import json
+
 import httpx
 import pytest
 
@@ -16,7 +18,7 @@ CASES = [
     (CHAT, {"messages": MSG, "temperature": "hot"}, 400),
     (CHAT, {"messages": MSG, "top_p": 0}, 400),
     (CHAT, {"messages": []}, 400),
-    (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400),
+    (CHAT, {"messages": [{"role": "bad role!", "content": "hi"}]}, 400),
     (CHAT, {"messages": "hi"}, 400),
     (CHAT, {}, 400),
     (CHAT, {"messages": MSG, "n": 100000}, 400),
@@ -93,11 +95,15 @@ def test_unknown_route_and_method(small):
     assert httpx.get(small.url + CHAT).status_code == 405
 
 
-def test_api_key_guards_every_route_but_health():
+def test_api_key_guards_every_route_but_health_and_metrics():
     srv = ServerProcess("--max_model_len", "256", "--kv_cache_memory_gb", "0.05", env={"API_KEY": "s3cret"})
     try:
         assert httpx.get(srv.url + "/health").status_code == 200
-        for method, path in (("GET", "/v1/models"), ("GET", "/metrics"), ("POST", CHAT), ("POST", "/")):
+        httpx.post(srv.url + CMPL, json={"prompt": "my secret prompt", "max_tokens": 2},
+                   headers={"Authorization": "Bearer s3cret"}, timeout=30)
+        metrics = httpx.get(srv.url + "/metrics")
+        assert metrics.status_code == 200 and "secret prompt" not in metrics.text  # scrapers need no key
+        for method, path in (("GET", "/v1/models"), ("POST", CHAT), ("POST", "/"), ("POST", "/tokenize")):
             r = httpx.request(method, srv.url + path, json={"messages": MSG}, timeout=30)
             assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
             r = httpx.request(method, srv.url + path, json={}, headers={"Authorization": "Bearer wrong"}, timeout=30)
@@ -149,3 +155,23 @@ def test_a_bad_token_field_is_a_400_naming_it(small, path, extra, field, words):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == field and words in err["message"], err
+
+
+@pytest.mark.parametrize("path,body,param", [
+    (CHAT, {"messages": [{"role": "user", "content": "a\u0000b\udcff"}]}, "messages.0.content"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]},
+     "messages.0.content.0.text"),
+    (CMPL, {"prompt": ["fine", "x\udfff"]}, "prompt.1"),
+    ("/", {"prompt": "\udcff"}, "prompt"),
+    ("/tokenize", {"prompt": "ok\udcffok"}, "prompt"),
+])
+def test_a_lone_surrogate_is_a_400_naming_its_field(small, path, body, param):
+    """Valid JSON (json.dumps escapes the surrogate), not valid text: it was a 500 (TypeError in the tokenizer)."""
+    r = httpx.post(small.url + path, content=json.dumps(body), headers={"content-type": "application/json"},
+                   timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["code"] == "invalid_text" and "surrogate" in err["message"]
+    ok = httpx.post(small.url + CHAT, json={"messages": [{"role": "user", "content": "a\u0000b"}], "max_tokens": 2},
+                    timeout=30)
+    assert ok.status_code == 200  # NUL is text: accepted

@@ -56,6 +56,9 @@ def test_bad_settings_are_one_line_errors(argv, env, needle):
     ([], {"CHECKPOINT_PATH": "/no/such/dir"}, "/no/such/dir"),
     (["--tp_size", "4"], {}, "tp_size=4 is larger than num_key_value_heads=3"),  # SmolLM2: 3 KV heads
     (["--tp_size", "2"], {"WORLD_SIZE": "2", "RANK": "5", "MASTER_PORT": "1"}, "RANK=5"),
+    # More KV cache than the host has: refused before loading, with both sizes and the flags (was: the OOM killer
+    # or a failed allocation after the weights were loaded).
+    (["--kv_cache_memory_gb", "100000"], {}, "--kv_cache_memory_gb"),
 ])
 def test_start_server_exits_with_a_one_line_error(args, env, needle):
     res = _run(*args, env=env)
@@ -63,6 +66,8 @@ def test_start_server_exits_with_a_one_line_error(args, env, needle):
     err = [l for l in res.stderr.strip().splitlines() if l.startswith("error:")]
     assert len(err) == 1 and needle in err[0], res.stderr[-2000:]
     assert "Traceback" not in res.stderr
+    if "kv_cache_memory_gb" in args:
+        assert "GiB available" in err[0] and "Loading weights" not in res.stderr
 
 
 # Patience for a drain: the 60-token request takes ~2 s on a quiet machine, but Bazel runs two test actions
@@ -103,17 +108,36 @@ def test_an_idle_server_stops_its_engine_without_killing_it():
             os.kill(pid, 0)
 
 
-def test_ctrl_c_to_the_process_group_still_drains():
-    """A terminal's Ctrl-C reaches the engine process too: it must leave stopping to the server."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_process_group_still_drains(sig):
+    """A terminal's Ctrl-C, systemd's KillMode=control-group, `kill -TERM -PGID` and `timeout` signal every process
+    of the group: the engine process must leave stopping to the server, so streamed and non-streamed requests in
+    flight finish and the server exits 0 (SIGTERM killed the engine: a 500 and exit 1)."""
+    import json
+    import threading
+
     srv = ServerProcess("--max_model_len", "256", "--kv_cache_memory_gb", "0.05", "--shutdown_timeout", DRAIN_S,
                         new_session=True)
     request = LongRequest(srv.url)
+    streamed: dict = {"events": []}
+
+    def stream():
+        body = {"prompt": "Twice", "max_tokens": 60, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=180) as r:
+            streamed["status"] = r.status_code
+            streamed["events"] = [line for line in r.iter_lines() if line.startswith("data: ")]
+
+    reader = threading.Thread(target=stream)
+    reader.start()
     time.sleep(1.0)
-    os.killpg(srv.proc.pid, signal.SIGINT)
+    os.killpg(srv.proc.pid, sig)
     code = srv.stop(None, timeout=150)
     result = request.join(150)
+    reader.join(150)
     assert code == 0, srv.output()[-2000:]
     assert result["status"] == 200 and result["body"]["usage"]["completion_tokens"] == 60
+    assert streamed["status"] == 200 and streamed["events"][-1] == "data: [DONE]"
+    assert json.loads(streamed["events"][-2][6:])["choices"][0]["finish_reason"] == "length"
 
 
 def _engine_pid(srv) -> int:
@@ -143,3 +167,13 @@ def test_killing_the_server_takes_the_engine_process_with_it():
     while process_alive(engine) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not process_alive(engine), "the engine process outlived a killed server"
+
+
+def test_listening_beyond_loopback_without_a_key_warns():
+    for args, warned in ((("--host", "0.0.0.0"), True), (("--host", "0.0.0.0", "--api_key", "k"), False),
+                         ((), False)):
+        srv = ServerProcess("--max_model_len", "128", "--kv_cache_memory_gb", "0.05", *args)
+        try:
+            assert ("without --api_key" in srv.output()) == warned, srv.output()[-1500:]
+        finally:
+            assert srv.stop() == 0

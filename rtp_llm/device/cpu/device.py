@@ -40,6 +40,19 @@ class CpuDevice(Device):
     def kv_cache_budget(self, config) -> int:
         return self.DEFAULT_KV_CACHE_BYTES
 
+    def check_fits(self, weight_bytes: int, kv_bytes: int) -> None:
+        """Host memory: weights + KV cache against MemAvailable, before loading, instead of the OOM killer later."""
+        available = _mem_available()
+        if available is None or weight_bytes + kv_bytes <= available:
+            return
+        gib = 1 << 30
+        raise ValueError(
+            f"the model needs about {weight_bytes / gib:.2f} GiB of weights and the KV cache "
+            f"{kv_bytes / gib:.2f} GiB, {(weight_bytes + kv_bytes) / gib:.2f} GiB in all, but this host has "
+            f"{available / gib:.2f} GiB available: lower --kv_cache_memory_gb (or --num_blocks), keep a GGUF's "
+            f"blocks as stored (--quantization auto), use --quantization int8 or --dtype bfloat16, or serve a "
+            f"smaller model")
+
     def zeros(self, shape, dtype):
         # On 2 MB pages (rtp_llm/cpp/memory/huge_pages.cc): the decode kernels stream the KV cache, and on 4 KB
         # pages its scattered blocks cost a TLB miss and a prefetcher restart every 4 KB.
@@ -53,3 +66,15 @@ class CpuDevice(Device):
 
     def ops(self) -> CpuOps:
         return CpuOps(gemv_weights=self.gemv_weights)
+
+
+def _mem_available():
+    """Linux's MemAvailable (free + reclaimable cache) in bytes; None where /proc/meminfo does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
