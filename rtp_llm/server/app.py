@@ -134,9 +134,11 @@ class Server:
             try:
                 async for out in s:
                     await q.put((i, out))
-            except BaseException as exc:  # noqa: BLE001 - forwarded to the consumer
+            except asyncio.CancelledError:
+                raise  # merged() is closing: nobody reads the queue any more, never wait on it
+            except Exception as exc:  # noqa: BLE001 - forwarded to the consumer
                 await q.put((i, exc))
-            finally:
+            else:
                 await q.put((i, None))
 
         tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]

@@ -44,8 +44,12 @@ def _completion_logprobs(srv, lps, text_start: int = 0, as_ids: bool = False) ->
         tokens.append(t)
         offsets.append(pos)
         pos += len(t)
-    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps],
-            "top_logprobs": [{_token_text(srv, i, as_ids): v for i, v in lp.top} for lp in lps],
+    tops = []
+    for lp, tok in zip(lps, tokens):
+        top = {_token_text(srv, i, as_ids): v for i, v in lp.top}
+        top.setdefault(tok, lp.logprob)  # OpenAI: the sampled token is always there (up to logprobs + 1 entries)
+        tops.append(top)
+    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps], "top_logprobs": tops,
             "text_offset": offsets}
 
 

@@ -207,3 +207,17 @@ def test_cors_preflight_needs_no_key_and_is_off_by_default(server):
         assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://app.example"
     finally:
         assert srv.stop() == 0
+
+
+def test_completion_top_logprobs_always_hold_the_sampled_token(server):
+    """OpenAI's legacy completions: the sampled token's logprob is always among top_logprobs (up to logprobs + 1
+    entries), so logprobs=0 gives the chosen token alone (it gave an empty dict per token)."""
+    for logprobs, temperature in ((0, 0), (1, 1.5)):
+        r = httpx.post(server.url + "/v1/completions", json={
+            "prompt": "Once upon a time", "max_tokens": 16, "logprobs": logprobs, "temperature": temperature,
+            "seed": 5}, timeout=60).json()
+        lp = r["choices"][0]["logprobs"]
+        for token, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+            assert top[token] == value and len(top) <= logprobs + 1
+        if logprobs == 0:
+            assert all(len(top) == 1 for top in lp["top_logprobs"])
