@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(engine, name, args["api_key"], args["max_body_bytes"], on_shutdown=_stop_engine,
                      chat_options=ChatOptions(template, args["tool_call_parser"], args["reasoning_parser"]),
                      cors=CorsOptions(args["allowed_origins"] or [], args["allowed_methods"], args["allowed_headers"],
-                                      args["allow_credentials"]))
+                                      args["allow_credentials"]),
+                     stream_stall_timeout=args["stream_stall_timeout"])
 
     log.info("serving %s as %r on http://%s:%d (device %s, engine process pid %d)", engine.model_path, name,
              args["host"], args["port"], device, engine.pid)

@@ -114,6 +114,9 @@ FLAGS = [
          "split <think>...</think> into reasoning_content: qwen3 (the answer may open <think>), deepseek_r1 (the "
          "template opens it); none = no split", choices=("qwen3", "deepseek_r1")),
     Flag("shutdown_timeout", "SHUTDOWN_TIMEOUT", float, 30.0, "seconds in-flight requests get on SIGTERM/SIGINT"),
+    Flag("stream_stall_timeout", "STREAM_STALL_TIMEOUT", float, 120.0,
+         "seconds a streaming client may accept no data before its request is aborted (a stalled or vanished "
+         "client); 0 = never"),
     Flag("allow_pickle", "ALLOW_PICKLE", _bool, False, "allow pickle (.bin) checkpoints (runs their code)"),
     Flag("log_level", "LOG_LEVEL", str, "info", "logging level", choices=("debug", "info", "warning", "error")),
 ]

@@ -75,8 +75,10 @@ class CorsOptions:
 
 
 class Server:
-    def __init__(self, engine: EngineClient, served_model_name: str, chat: Optional[ChatOptions] = None):
+    def __init__(self, engine: EngineClient, served_model_name: str, chat: Optional[ChatOptions] = None,
+                 stream_stall_timeout: float = 120.0):
         self.engine = engine
+        self.stream_stall_timeout = stream_stall_timeout
         self.model_name = served_model_name
         self.max_model_len = engine.max_model_len
         self.tokenizer = engine.tokenizer
@@ -113,6 +115,41 @@ class Server:
             raise APIError(503, str(exc), "server_overloaded", code="queue_full") from None
         except EngineDeadError as exc:
             raise APIError(503, str(exc), "server_error", code="engine_unavailable") from None
+
+    async def watched(self, gen, streams: list[RequestStream]):
+        """A response stream that ends with an error event if the engine dies, and whose requests are aborted when
+        the client accepts nothing for stream_stall_timeout seconds (a client that reads too slowly, or vanished
+        without closing its connection): their KV blocks do not wait for max_tokens or the TCP timeout."""
+        stall = self.stream_stall_timeout
+        last = [time.monotonic(), False]  # when the consumer last asked for data; whether it is waiting on us
+
+        async def watchdog():
+            while True:
+                await asyncio.sleep(min(1.0, stall / 4))
+                if not last[1] and time.monotonic() - last[0] > stall:
+                    open_ids = [st.request_id for st in streams if not st.finished]
+                    if open_ids:
+                        log.info("request %s: the client accepted nothing for %.0fs; aborted", ", ".join(open_ids),
+                                 stall)
+                    for st in streams:
+                        st.close()
+                    return
+
+        dog = asyncio.create_task(watchdog()) if stall > 0 else None
+        inner = _ends_with_error_event(gen)
+        try:
+            while True:
+                last[1] = True  # inside __anext__: waiting on the engine, not on the client
+                try:
+                    item = await inner.__anext__()
+                except StopAsyncIteration:
+                    return
+                last[0], last[1] = time.monotonic(), False
+                yield item  # suspended here while the client does not take the data
+        finally:
+            if dog is not None:
+                dog.cancel()
+            await inner.aclose()
 
     def finished(self, out: RequestOutput) -> None:
         self.metrics.observe(out)
@@ -215,9 +252,10 @@ class Server:
 
 def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[str] = None,
                max_body_bytes: int = 1 << 20, on_shutdown: Optional[Callable[[], None]] = None,
-               chat_options: Optional[ChatOptions] = None, cors: Optional[CorsOptions] = None) -> FastAPI:
+               chat_options: Optional[ChatOptions] = None, cors: Optional[CorsOptions] = None,
+               stream_stall_timeout: float = 120.0) -> FastAPI:
     """on_shutdown runs once the server has stopped serving (after the graceful drain)."""
-    srv = Server(engine, served_model_name, chat_options)
+    srv = Server(engine, served_model_name, chat_options, stream_stall_timeout)
     max_model_len = srv.max_model_len
 
     @asynccontextmanager
@@ -338,8 +376,8 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
         stream = await srv.submit(ids, params, rid, req.user)
         created = int(time.time())
         if req.stream:
-            return StreamingResponse(_ends_with_error_event(
-                _chat_stream(srv, stream, rid, created, req, parser, len(ids))), media_type="text/event-stream")
+            return StreamingResponse(srv.watched(_chat_stream(srv, stream, rid, created, req, parser, len(ids)),
+                                                 [stream]), media_type="text/event-stream")
         out = (await srv.collect(request, [stream]))[0]
         return fmt.chat_response(srv, out, rid, created, parser, req)
 
@@ -361,8 +399,8 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
             raise
         created = int(time.time())
         if req.stream:
-            return StreamingResponse(_ends_with_error_event(
-                _completion_stream(srv, streams, rid, created, req, [len(x) for x in encoded])),
+            return StreamingResponse(srv.watched(
+                _completion_stream(srv, streams, rid, created, req, [len(x) for x in encoded]), streams),
                 media_type="text/event-stream")
         outs = await srv.collect(request, streams)
         return fmt.completion_response(srv, outs, rid, created, req, prompts)
@@ -396,9 +434,8 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
         stream = await srv.submit(req.prompt, params, rid)
         t0 = time.monotonic()
         if req.yield_generator:
-            return StreamingResponse(_ends_with_error_event(
-                _native_stream(srv, stream, t0, gc.return_incremental)),
-                media_type="text/event-stream")
+            return StreamingResponse(srv.watched(_native_stream(srv, stream, t0, gc.return_incremental), [stream]),
+                                     media_type="text/event-stream")
         out = (await srv.collect(request, [stream]))[0]
         return fmt.native_response(out, t0, incremental=False)
 
