@@ -30,6 +30,9 @@ class StructuredOutputs:
         if len(given) != 1:
             raise ValueError(f"structured_outputs takes exactly one of {', '.join(KINDS)}, got "
                              f"{', '.join(given) or 'none'}")
+        if self.disable_any_whitespace and self.kind not in ("json", "json_object"):
+            raise ValueError(f"structured_outputs.disable_any_whitespace applies to json and json_object, not "
+                             f"{self.kind}")
         if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
             raise ValueError("structured_outputs.choice must be a non-empty list of non-empty strings")
         self.after_token_ids = tuple(int(t) for t in self.after_token_ids)

@@ -334,9 +334,13 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest):
         if req.messages is not None:
-            ids = _chat_prompt(srv, req.messages, req.add_generation_prompt, _template_variables(req))
+            gen = True if req.add_generation_prompt is None else req.add_generation_prompt
+            text = _chat_text(srv, req.messages, gen, _template_variables(req))
+            # vLLM's default for messages: the template writes the special tokens, none added
+            ids = srv.tokenizer.encode(text, add_special_tokens=bool(req.add_special_tokens))
         else:
-            ids = srv.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            special = True if req.add_special_tokens is None else req.add_special_tokens
+            ids = srv.tokenizer.encode(req.prompt, add_special_tokens=special)
         body = {"tokens": ids, "count": len(ids), "max_model_len": max_model_len}
         if req.return_token_strs:
             body["token_strs"] = [srv.tokenizer.id_to_token(i) for i in ids]
@@ -536,7 +540,9 @@ def _parser_factory(srv: Server, req: ChatCompletionRequest, choice: str,
             tools = make_tool_parser(srv.tool_parser)
         else:
             tools = None
-        return ChatOutputParser(srv.reasoning_parser, tools, reasoning_closed, _echo_text(req))
+        functions = ({t.function.name: t.function.model_dump() for t in req.tools} if choice == "auto" else None)
+        return ChatOutputParser(srv.reasoning_parser, tools, reasoning_closed, _echo_text(req), functions,
+                                req.parallel_tool_calls)
     return make
 
 

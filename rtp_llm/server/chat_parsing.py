@@ -4,6 +4,7 @@ Streamed and whole answers go through the same incremental parsers, so a stream 
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Optional
 
@@ -13,7 +14,7 @@ from rtp_llm.tokenizer.tool_parsers import ToolCall
 
 class ChatOutputParser:
     def __init__(self, reasoning: Optional[str] = None, tools=None, reasoning_closed: bool = False,
-                 echo: str = ""):
+                 echo: str = "", functions: Optional[dict] = None, parallel: bool = True):
         """reasoning: a reasoning parser's name (reasoning_closed: the prompt already ended the reasoning part);
         tools: a tool parser (tokenizer/tool_parsers.py) or None."""
         self.reasoning = ReasoningParser(reasoning, reasoning_closed) if reasoning else None
@@ -22,7 +23,13 @@ class ChatOutputParser:
         self.content: list[str] = []
         self.reasoning_text: list[str] = []
         self.streamed_calls = 0
+        self._kept = False
         self.echo = echo  # vLLM's chat echo: the continued message's text comes first in the content
+        # tool_choice auto: the request's functions (name -> definition). A call naming another function, or a
+        # strict one whose arguments do not validate, is returned as the content the model wrote; with
+        # parallel_tool_calls false, calls after the first are dropped.
+        self.functions = functions
+        self.parallel = parallel
 
     def _route(self, pieces: list[tuple[str, str]], final: bool) -> list:
         out = []
@@ -42,7 +49,8 @@ class ChatOutputParser:
         pieces = self.reasoning.feed(text) if self.reasoning else ([("content", text)] if text else [])
         if final and self.reasoning:
             pieces += self.reasoning.finish()
-        events = [e for e in self._route(pieces, final) if not (e[0] != "call" and not e[1])]
+        events = [self._checked(e) for e in self._route(pieces, final)]
+        events = [e for e in events if e is not None and not (e[0] != "call" and not e[1])]
         if self.echo:
             events.insert(0, ("content", self.echo))
             self.echo = ""
@@ -54,6 +62,18 @@ class ChatOutputParser:
             else:
                 self.reasoning_text.append(value)
         return events
+
+    def _checked(self, event):
+        if event[0] != "call" or self.functions is None:
+            return event
+        call = event[1]
+        fn = self.functions.get(call.name)
+        if fn is None or (fn.get("strict") and not _valid(call.arguments, fn.get("parameters"))):
+            return "content", call.raw
+        if not self.parallel and (self.calls or self._kept):
+            return None
+        self._kept = True
+        return event
 
     def finish_reason(self, engine_reason: Optional[str]) -> Optional[str]:
         return "tool_calls" if self.calls and engine_reason == "stop" else engine_reason
@@ -85,3 +105,18 @@ class ChatOutputParser:
 
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _valid(arguments: str, schema: Optional[dict]) -> bool:
+    """Whether a call's arguments satisfy its function's parameters schema (strict functions)."""
+    import jsonschema
+
+    if not schema:
+        return True
+    try:
+        jsonschema.validate(json.loads(arguments), schema)
+        return True
+    except (jsonschema.ValidationError, json.JSONDecodeError):
+        return False
+    except jsonschema.SchemaError:
+        return False

@@ -128,9 +128,23 @@ def _json_or_text(arguments: str):
 
 class FunctionDef(_Base):
     name: str = Field(..., pattern=r"^[a-zA-Z0-9_.-]{1,64}$")
-    description: Optional[str] = None
+    description: Optional[str] = None  # rendered by the chat template with the rest of the tool
     parameters: Optional[dict[str, Any]] = None  # a JSON schema of the arguments object
-    strict: Optional[bool] = None  # forced calls (tool_choice required / named) always validate exactly
+    # Forced calls (tool_choice required / named) always validate. With auto, a strict function's call whose
+    # arguments do not validate is not returned as a call (it stays the content the model wrote).
+    strict: Optional[bool] = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, v):
+        if v is not None:
+            import jsonschema
+
+            try:
+                jsonschema.validators.validator_for(v).check_schema(v)
+            except jsonschema.SchemaError as exc:
+                raise ValueError(f"not a valid JSON schema: {exc.message}") from None
+        return v
 
 
 class Tool(_Base):
@@ -148,10 +162,12 @@ class NamedToolChoice(_Base):
 
 
 class JsonSchemaFormat(_Base):
+    """OpenAI's json_schema format. `name` identifies the schema (OpenAI gives it no other effect); `strict` false or
+    absent is enforced exactly too (a stronger guarantee than asked). `description` (guidance for the model) is not
+    shown to the model here, so it is refused rather than dropped."""
     name: str = Field(..., min_length=1, max_length=64)
-    description: Optional[str] = None
     schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
-    strict: Optional[bool] = None  # every schema is enforced exactly (the grammar admits nothing else)
+    strict: Optional[bool] = None
 
 
 class ResponseFormat(_Base):
@@ -213,6 +229,12 @@ class _Sampling(_Request):
     guided_regex: Optional[str] = None
     guided_choice: Optional[list[str]] = None
     guided_grammar: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _token_ids_spelling(self):
+        if self.return_tokens_as_token_ids and (self.logprobs is None or self.logprobs is False):  # 0 asks
+            raise ValueError("return_tokens_as_token_ids spells the tokens of logprobs: it needs logprobs")
+        return self
 
     @model_validator(mode="after")
     def _stream_options(self):
@@ -298,6 +320,9 @@ class ChatCompletionRequest(_Sampling):
         if self.continue_final_message and self.add_generation_prompt:
             raise ValueError("continue_final_message and add_generation_prompt cannot both be true (set "
                              "add_generation_prompt=false to continue the last message)")
+        if self.echo and self.messages[-1].role != "assistant":
+            raise ValueError("echo repeats the last message when it is the assistant's being continued; the last "
+                             f"message here is {self.messages[-1].role!r}")
         return self
 
     @model_validator(mode="after")
@@ -401,8 +426,8 @@ class NativeRequest(_Request):
 class TokenizeRequest(_Request):
     prompt: Optional[str] = Field(None, validation_alias=AliasChoices("prompt", "content"))  # llama.cpp: content
     messages: Optional[list[ChatMessage]] = None
-    add_special_tokens: bool = True
-    add_generation_prompt: bool = True
+    add_special_tokens: Optional[bool] = None     # default: true for a prompt, false for messages (vLLM's)
+    add_generation_prompt: Optional[bool] = None  # messages only (default true)
     tools: Optional[list[Tool]] = None                      # with messages: rendered as chat completions do
     chat_template_kwargs: Optional[dict[str, Any]] = None
     return_token_strs: bool = False                          # vLLM: the vocabulary strings of the ids too
@@ -411,8 +436,9 @@ class TokenizeRequest(_Request):
     def _one(self):
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt or messages")
-        if self.messages is None and (self.tools is not None or self.chat_template_kwargs is not None):
-            raise ValueError("tools and chat_template_kwargs go with messages")
+        if self.messages is None and (self.tools is not None or self.chat_template_kwargs is not None
+                                      or self.add_generation_prompt is not None):
+            raise ValueError("tools, chat_template_kwargs and add_generation_prompt go with messages")
         return self
 
 

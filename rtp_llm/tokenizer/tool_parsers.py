@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from rtp_llm.tokenizer.reasoning_parser import partial_tail
@@ -26,9 +26,10 @@ CALL_START, CALL_END = "<tool_call>", "</tool_call>"
 class ToolCall:
     name: str
     arguments: str  # JSON text, as OpenAI's function.arguments
+    raw: str = field(default="", compare=False)  # the model's text of the call (content again if it is refused)
 
 
-def _call_from(obj, args_key: str) -> Optional[ToolCall]:
+def _call_from(obj, args_key: str, raw: str = "") -> Optional[ToolCall]:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
     args = obj.get(args_key, obj.get("arguments", {}))
@@ -39,7 +40,7 @@ def _call_from(obj, args_key: str) -> Optional[ToolCall]:
             return None
     if not isinstance(args, dict):
         return None
-    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False), raw)
 
 
 def detect_tool_parser(chat_template: Optional[str]) -> Optional[str]:
@@ -90,7 +91,7 @@ class HermesParser:
 
     def _block(self, body: str, closed: bool):
         try:
-            call = _call_from(json.loads(body), "arguments")
+            call = _call_from(json.loads(body), "arguments", CALL_START + body + (CALL_END if closed else ""))
         except json.JSONDecodeError:
             call = None
         if call is not None:
@@ -135,7 +136,7 @@ class Llama3JsonParser:
                 obj, end = dec.raw_decode(body, pos)
             except json.JSONDecodeError:
                 return [("content", text)]
-            call = _call_from(obj, "parameters")
+            call = _call_from(obj, "parameters", body[pos:end])
             if call is None:
                 return [("content", text)]
             calls.append(("call", call))

@@ -144,6 +144,33 @@ def test_auto_tool_choice_parses_what_the_model_writes(client, text, content, ca
     assert len({x["id"] for x in s["calls"].values()}) == len(calls)
 
 
+STRICT_TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": TIME, "strict": True}},
+                {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+
+
+@pytest.mark.parametrize("text,calls,parallel", [
+    # a function the request did not offer: not a call
+    ('<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>', [], True),
+    # strict: arguments that do not validate are not a call; the same for a non-strict function is one
+    ('<tool_call>\n{"name": "get_time", "arguments": {"zone": "cet"}}\n</tool_call>', [], True),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": 5}}\n</tool_call>',
+     [("get_weather", {"city": 5})], True),
+    # parallel_tool_calls false: the first call only
+    ('<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>\n<tool_call>\n'
+     '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}\n</tool_call>',
+     [("get_time", {"zone": "CET"})], False),
+])
+def test_auto_calls_honour_the_tools_strict_and_parallel_tool_calls(client, text, calls, parallel):
+    kw = dict(model="tiny", messages=ASK, tools=STRICT_TOOLS, max_tokens=120, temperature=0,
+              parallel_tool_calls=parallel, extra_body={"guided_choice": [text]})
+    c = client.chat.completions.create(**kw).choices[0]
+    assert [(n, json.loads(a)) for n, a in calls_of(c.message)] == calls
+    if not calls:
+        assert c.message.content == text and c.finish_reason == "stop"
+    s = reassemble(client.chat.completions.create(stream=True, **kw))[0]
+    assert [(x["name"], json.loads(x["arguments"])) for x in s["calls"].values()] == calls
+
+
 def test_tool_choice_none_leaves_the_answer_as_content(client):
     text = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
     r = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=60,
@@ -193,7 +220,7 @@ def test_a_conversation_with_tool_results_renders_as_transformers_does(tools_ser
     ({"tools": TOOLS + TOOLS[:1]}, None, "same name"),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name", "pattern"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}],
-      "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", "objekt"),
+      "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tools.0.function.parameters", "objekt"),
     ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs", "may not set messages"),
 ])
 def test_bad_tool_requests_are_400s(tools_server, body, param, words):
