@@ -27,7 +27,7 @@ class LLM:
         self.core = EngineCore(EngineConfig(model=model, **engine_args))
         self.tokenizer = self.core.tokenizer
         self.processor = InputProcessor(self.tokenizer, self.core.max_model_len, self.core.vocab_size,
-                                        self.core.grammars)
+                                        self.core.grammars, self.core.config.max_logprobs)
         self._ids = itertools.count()
 
     def close(self) -> None:

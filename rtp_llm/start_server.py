@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             max_prefill_chunk=args["max_prefill_chunk"], block_size=args["block_size"],
             num_blocks=args["num_blocks"], kv_cache_memory_gb=args["kv_cache_memory_gb"],
             enable_prefix_caching=args["enable_prefix_caching"], max_queue_len=args["max_queue_len"],
+            max_logprobs=args["max_logprobs"],
             allow_pickle=args["allow_pickle"], tp_size=args["tp_size"],
             tp_timeout_s=args["tp_timeout"], tp_heartbeat_timeout_s=args["tp_heartbeat_timeout"],
             device_options={"cpu_gemv_weights": args["cpu_gemv_weights"]})

@@ -55,9 +55,10 @@ class KVCacheManager(_C.KVCacheManager):
         """Whether this prompt could be added now with slots for its first `total_slots` tokens."""
         return super().can_allocate(as_int32(tokens), total_slots, extra_key)
 
-    def add_sequence(self, seq_id: int, tokens: TokenIds, extra_key: int = 0) -> int:
-        """Registers a sequence and takes its cached prefix; returns the cached token count."""
-        return super().add_sequence(seq_id, as_int32(tokens), extra_key)
+    def add_sequence(self, seq_id: int, tokens: TokenIds, extra_key: int = 0, reuse_prefix: bool = True) -> int:
+        """Registers a sequence and takes its cached prefix; returns the cached token count. With reuse_prefix
+        false nothing is taken (every position is computed), while its full blocks are still cached for others."""
+        return super().add_sequence(seq_id, as_int32(tokens), extra_key, reuse_prefix)
 
     def extend_tokens(self, seq_id: int, tokens: TokenIds) -> None:
         """Adds generated tokens to the sequence (no slots yet)."""

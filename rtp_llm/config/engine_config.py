@@ -25,6 +25,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True      # upstream's REUSE_CACHE
     attention_backend: Optional[str] = None  # None = the device's default
     max_queue_len: int = 1024               # waiting requests beyond this are refused
+    max_logprobs: int = 20                  # most top logprobs a request may ask (vLLM's); -1 = no cap (whole vocab)
     allow_pickle: bool = False
     seed: int = 0
     tp_size: int = 1                        # tensor-parallel ranks (rtp_llm/distributed/)
@@ -39,6 +40,7 @@ class EngineConfig:
             ("max_num_batched_tokens", self.max_num_batched_tokens >= 1),
             ("block_size", self.block_size is None or self.block_size >= 1),
             ("max_queue_len", self.max_queue_len >= 1),
+            ("max_logprobs", self.max_logprobs >= -1),
             ("max_prefill_chunk", self.max_prefill_chunk is None or self.max_prefill_chunk >= 1),
             ("num_blocks", self.num_blocks is None or self.num_blocks >= 2),
             ("max_model_len", self.max_model_len is None or self.max_model_len >= 1),

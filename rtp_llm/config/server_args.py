@@ -80,6 +80,9 @@ FLAGS = [
     Flag("kv_cache_memory_gb", "KV_CACHE_MEM_GB", _opt_float, None, "KV cache size in GiB (CPU default 1)"),
     Flag("enable_prefix_caching", "REUSE_CACHE", _bool, True, "reuse cached prompt prefixes (1/0)"),
     Flag("max_queue_len", "MAX_QUEUE_LEN", int, 256, "waiting requests before new ones get 503"),
+    Flag("max_logprobs", "MAX_LOGPROBS", int, 20,
+         "most top logprobs a request may ask for each token (logprobs, top_logprobs, prompt_logprobs); -1 = no cap, "
+         "so -1 in a request (the whole vocabulary) is allowed"),
     Flag("device", "DEVICE", str, "auto", "device to run on", choices=("auto", "cpu", "cuda", "npu")),
     Flag("tp_size", "TP_SIZE", int, 1,
          "tensor-parallel ranks; on one machine the extra ranks are spawned, across machines set torchrun's "

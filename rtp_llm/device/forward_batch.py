@@ -22,8 +22,11 @@ class ForwardBatch:
     block_table: torch.Tensor     # [B, max_blocks] int32, padded with block 0
     q_lens: list[int]             # host: new tokens per sequence
     kv_lens: list[int]            # host: total KV length per sequence after this step
-    logits_indices: torch.Tensor  # [R] int64: rows of the flat batch whose logits are sampled
+    logits_indices: torch.Tensor  # [R] int64: rows of the flat batch whose logits are computed
     block_size: int
+
+    # Which rows of a sequence need logits: none, its last (to sample), or all (prompt logprobs; the last samples).
+    LOGITS_NONE, LOGITS_LAST, LOGITS_ALL = 0, 1, 2
 
     @property
     def num_tokens(self) -> int:
@@ -41,10 +44,11 @@ class ForwardBatch:
         slots: Sequence[np.ndarray],
         block_table: np.ndarray,
         block_size: int,
-        need_logits: Sequence[bool] | None = None,
+        need_logits: Sequence[int] | None = None,
         device: torch.device | str = "cpu",
     ) -> "ForwardBatch":
-        """tokens[i]: sequence i's new tokens, written at positions start_positions[i].. and slots[i]."""
+        """tokens[i]: sequence i's new tokens, written at positions start_positions[i].. and slots[i].
+        need_logits[i]: LOGITS_* (True/False read as last/none); None = every sequence's last row."""
         q_lens = [len(t) for t in tokens]
         if any(q == 0 for q in q_lens):
             raise ValueError("every sequence in a forward batch needs at least one new token")
@@ -54,7 +58,12 @@ class ForwardBatch:
         slot = np.concatenate([np.asarray(s, dtype=np.int64) for s in slots])
         ends = np.cumsum(q_lens) - 1
         if need_logits is not None:
-            ends = ends[np.asarray(need_logits, dtype=bool)]
+            need = [int(x) for x in need_logits]
+            if cls.LOGITS_ALL in need:
+                ends = np.concatenate([np.arange(e - q + 1, e + 1) if k == cls.LOGITS_ALL else ends[i:i + int(k > 0)]
+                                       for i, (e, q, k) in enumerate(zip(ends, q_lens, need))])
+            else:
+                ends = ends[np.asarray(need, dtype=bool)]
         return cls(
             input_ids=torch.from_numpy(flat).to(device),
             positions=torch.from_numpy(pos).to(device),

@@ -1,7 +1,7 @@
 """The per-step message rank 0 sends to the other tensor-parallel ranks, and the channel it travels on.
 
 A step is everything a rank needs to run the same forward: each sequence's new tokens, start
-position, KV slots and whether its logits are sampled, the block table, and the copy-on-write block
+position, KV slots and which of its rows need logits (ForwardBatch's LOGITS_*), the block table, and the copy-on-write block
 copies to apply first. It is packed into one int64 tensor and broadcast once per step over a gloo
 group on the CPU (host metadata; on CUDA/NPU the model's collectives use NCCL/HCCL).
 """
@@ -24,7 +24,7 @@ class StepMessage:
     tokens: list[np.ndarray]
     starts: list[int]
     slots: list[np.ndarray]
-    need_logits: list[bool]
+    need_logits: list[int]           # per sequence: ForwardBatch.LOGITS_NONE / LOGITS_LAST / LOGITS_ALL
     block_table: np.ndarray          # [B, W] int32
     copies: list[tuple[int, int]]
 
@@ -45,7 +45,7 @@ class StepMessage:
         at = 3
         q_lens = data[at:at + b]
         starts = data[at + b:at + 2 * b].tolist()
-        need = data[at + 2 * b:at + 3 * b].astype(bool).tolist()
+        need = data[at + 2 * b:at + 3 * b].tolist()
         at += 3 * b
         ends = np.cumsum(q_lens)
         total = int(ends[-1]) if b else 0

@@ -180,7 +180,8 @@ class ThreadEngineClient(EngineClient):
         super().__init__(on_death)
         self.core = core
         self.model_path = core.model_path
-        self.processor = InputProcessor(core.tokenizer, core.max_model_len, core.vocab_size, core.grammars)
+        self.processor = InputProcessor(core.tokenizer, core.max_model_len, core.vocab_size, core.grammars,
+                                        core.config.max_logprobs)
         self._stats = core.stats()
         self._transport = ThreadTransport(self._handle)
         self._thread = threading.Thread(target=run, args=(core, self._transport), name="rtp-llm-engine",
@@ -217,9 +218,9 @@ class ProcessEngineClient(EngineClient):
         with ThreadPoolExecutor(1, thread_name_prefix="rtp-llm-tokenizer") as pool:
             # The tokenizer loads here while the engine loads its weights.
             tokenizer = pool.submit(_load_tokenizer, config)
-            self._start(tokenizer)
+            self._start(tokenizer, config.max_logprobs)
 
-    def _start(self, tokenizer: Future) -> None:
+    def _start(self, tokenizer: Future, max_logprobs: int) -> None:
         try:
             msg = self._conn.recv()
         except (EOFError, OSError):
@@ -236,7 +237,8 @@ class ProcessEngineClient(EngineClient):
         threading.Thread(target=self._read, name="rtp-llm-engine-reader", daemon=True).start()
         threading.Thread(target=self._write, name="rtp-llm-engine-writer", daemon=True).start()
         try:
-            self.processor = InputProcessor(tokenizer.result(), msg.max_model_len, msg.vocab_size)
+            self.processor = InputProcessor(tokenizer.result(), msg.max_model_len, msg.vocab_size,
+                                            max_logprobs=max_logprobs)
         except BaseException:
             self.shutdown()
             raise
@@ -363,7 +365,7 @@ def _merge_outputs(old: RequestOutput, new: RequestOutput) -> RequestOutput:
                                  o.finish_reason, o.stop_reason)
         merged.append(o)
     return RequestOutput(new.request_id, new.prompt_token_ids, merged, new.finished, new.num_cached_tokens,
-                         new.error, new.metrics)
+                         new.error, new.metrics, new.prompt_logprobs)
 
 
 class RequestStream:

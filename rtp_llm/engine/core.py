@@ -224,6 +224,10 @@ class EngineCore:
         """Forks the siblings that sampled their first token, appends every sampled token, finishes what stopped,
         and returns the touched requests' deltas."""
         self.scheduler.fork_siblings(sched)
+        for seq, start, lps in result.prompt_logprobs:
+            done = seq.request.prompt_logprobs
+            if start <= len(done):  # a recompute after preemption re-reads positions it already has
+                done.extend(lps[len(done) - start:])
         deltas: dict[Sequence, StepDelta] = {}
         for i, (seq, _) in enumerate(sched.sample_rows):
             req = seq.request

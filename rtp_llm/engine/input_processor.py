@@ -20,12 +20,15 @@ Prompt = Union[str, Sequence[int], dict]
 
 
 class InputProcessor:
-    def __init__(self, tokenizer, max_model_len: int, vocab_size: int, grammars: Optional[GrammarCompiler] = None):
+    def __init__(self, tokenizer, max_model_len: int, vocab_size: int, grammars: Optional[GrammarCompiler] = None,
+                 max_logprobs: int = 20):
         """vocab_size: the model's (its embedding rows), which may exceed the tokenizer's. grammars: the engine's
-        compiler when it runs in this process (its cache is then shared)."""
+        compiler when it runs in this process (its cache is then shared). max_logprobs: the most top logprobs a
+        request may ask (-1: no cap)."""
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
+        self.max_logprobs = max_logprobs
         self.grammars = grammars or GrammarCompiler(tokenizer, vocab_size)
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **variables) -> str:
@@ -80,6 +83,16 @@ class InputProcessor:
             if bad:
                 raise RequestRejected(f"{name}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
                                       param=name)
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(params, name)
+            if asked is None:
+                continue
+            count = self.vocab_size if asked == -1 else asked
+            if self.max_logprobs != -1 and count > self.max_logprobs:
+                what = "-1 (the whole vocabulary)" if asked == -1 else str(asked)
+                raise RequestRejected(f"{name}: {what} exceeds max_logprobs={self.max_logprobs} (the server's "
+                                      f"--max_logprobs; -1 lifts the cap)", param=name)
+            setattr(params, name, min(count, self.vocab_size))  # -1 resolved: the engine sees a count
         if params.structured_outputs is not None:  # a constraint that cannot compile is refused here, not in a step
             self.grammars.check(params.structured_outputs)
         if len(ids) + params.max_tokens > self.max_model_len:

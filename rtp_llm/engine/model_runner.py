@@ -8,7 +8,7 @@ running it; the other ranks (engine/tp_worker.py) run `forward` on what they rec
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -19,7 +19,9 @@ from rtp_llm.config.model_config import ModelConfig
 from rtp_llm.device.base import Device
 from rtp_llm.device.forward_batch import ForwardBatch
 from rtp_llm.distributed.step_message import StepMessage
+from rtp_llm.engine.outputs import TokenLogprob
 from rtp_llm.engine.scheduler import SchedulerOutput
+from rtp_llm.engine.sequence import Sequence
 from rtp_llm.errors import TPWorkerError
 from rtp_llm.models.decoder import DecoderLM
 from rtp_llm.sampling import GreedyTokens, Sampler, SamplingBatch
@@ -33,6 +35,8 @@ class RunnerOutput:
     logprobs: Optional[list[float]] = None
     top_ids: Optional[list[list[int]]] = None
     top_logprobs: Optional[list[list[float]]] = None
+    # (sequence, first prompt position, logprobs of the prompt tokens after it) for the step's prompt rows
+    prompt_logprobs: list[tuple[Sequence, int, list[TokenLogprob]]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -54,17 +58,36 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         items = sched.scheduled
         step = StepMessage([np.asarray(x.tokens) for x in items], [x.start for x in items], [x.slots for x in items],
-                           [x.needs_sample for x in items], sched.block_table, list(sched.copies))
+                           [x.need_logits for x in items], sched.block_table, list(sched.copies))
         try:
             if self.tp is not None:
                 self.tp.send_step(step)
-            out = self.forward(step, greedy=self._greedy_step(sched))
+            out = self.forward(step, greedy=self._greedy_step(sched) and not sched.prompt_rows)
         except Exception as exc:
             if self.tp is None or isinstance(exc, TPWorkerError):
                 raise
             # The other ranks may be inside this step's collectives: they cannot be resynchronised.
             raise TPWorkerError(f"tensor-parallel step failed on rank 0: {type(exc).__name__}: {exc}") from exc
-        return self._sample(out, sched.sample_rows)
+        result = self._sample(out, sched.sample_rows)
+        result.prompt_logprobs = [self._prompt_logprobs(out, *rows) for rows in sched.prompt_rows]
+        return result
+
+    @staticmethod
+    def _prompt_logprobs(logits: torch.Tensor, seq: Sequence, start: int, first: int,
+                         count: int) -> tuple[Sequence, int, list[TokenLogprob]]:
+        """Rows first.. of the logits are positions start..: each gives the next prompt token's logprob (of the raw
+        logits, as sampled tokens' are), its rank and the top ones asked for."""
+        prompt = seq.prompt
+        n = min(count, len(prompt) - 1 - start)  # the last prompt position predicts an output token
+        logp = torch.log_softmax(logits[first:first + n].float(), dim=-1)
+        target = torch.tensor(prompt[start + 1:start + 1 + n], dtype=torch.long).to(logp.device)
+        chosen = logp.gather(-1, target[:, None])
+        ranks = (logp > chosen).sum(-1) + 1
+        k = seq.request.params.prompt_logprobs
+        top_v, top_i = logp.topk(k, dim=-1) if k > 0 else (logp[:, :0], target[:, None][:, :0])
+        chosen, ranks, top_v, top_i = (t.cpu().tolist() for t in (chosen, ranks, top_v, top_i))
+        return seq, start, [TokenLogprob(prompt[start + 1 + j], chosen[j][0], list(zip(top_i[j], top_v[j])), ranks[j])
+                            for j in range(n)]
 
     def forward(self, step: StepMessage, greedy: bool = False):
         """The model call itself, identical on every tensor-parallel rank (logits only on rank 0): float32 logits

@@ -80,7 +80,10 @@ class OutputProcessor:
                                        s.finish_reason.value if s.finish_reason else None, s.stop_reason))
         first = not req.announced
         req.announced = True
+        prompt_lps = None
+        if first and req.params.prompt_logprobs is not None and not req.needs_prompt_logprobs:
+            prompt_lps = [None] + req.prompt_logprobs  # the first token has nothing before it
         return OutputDelta(req.request_id, req.prompt_ids if first else None, req.finished, req.cached_tokens,
                            req.error, {"arrival": req.arrival, "first_token": req.first_token_time,
                                        "finish": req.finish_time, "computed_prompt_tokens": req.computed_prompt_tokens},
-                           samples)
+                           samples, prompt_lps)

@@ -12,6 +12,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+    rank: Optional[int] = None  # the token's 1-based rank in its distribution (prompt logprobs)
 
 
 @dataclass
@@ -40,6 +41,8 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: Optional[str] = None
     metrics: dict = field(default_factory=dict)  # arrival, first_token, finish times (monotonic)
+    # vLLM's: per prompt position, the prompt token's logprob (None for the first token), when asked
+    prompt_logprobs: Optional[list[Optional[TokenLogprob]]] = None
 
     @property
     def usage(self) -> dict:
@@ -53,13 +56,15 @@ class OutputCollector:
     carry only the new text, tokens and logprobs, so the core and the pipe do O(new tokens) per step."""
 
     def __init__(self):
-        self._open: dict[str, tuple[list[int], dict[int, list]]] = {}
+        self._open: dict[str, tuple[list[int], dict[int, list], list]] = {}
 
     def add(self, delta) -> RequestOutput:
         entry = self._open.get(delta.request_id)
         if entry is None:
-            entry = self._open[delta.request_id] = (list(delta.prompt_token_ids or []), {})
-        prompt, samples = entry
+            entry = self._open[delta.request_id] = (list(delta.prompt_token_ids or []), {}, [None])
+        prompt, samples, prompt_lps = entry
+        if delta.prompt_logprobs is not None:
+            prompt_lps[0] = delta.prompt_logprobs
         outs = []
         for d in delta.samples:
             s = samples.get(d.index)
@@ -76,7 +81,7 @@ class OutputCollector:
         if delta.finished:
             del self._open[delta.request_id]
         return RequestOutput(delta.request_id, prompt, outs, delta.finished, delta.num_cached_tokens, delta.error,
-                             delta.metrics)
+                             delta.metrics, prompt_lps[0])
 
     def discard(self, request_id: str) -> None:
         self._open.pop(request_id, None)

@@ -66,6 +66,7 @@ class OutputDelta:
     error: Optional[str]
     metrics: dict
     samples: list[SampleDelta]
+    prompt_logprobs: Optional[list[Optional[TokenLogprob]]] = None  # once, when complete (first token sampled)
 
 
 @dataclass

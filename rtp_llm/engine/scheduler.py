@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rtp_llm.cache import KVCacheManager, OutOfBlocksError
+from rtp_llm.device.forward_batch import ForwardBatch
 from rtp_llm.engine.sequence import Sequence, SeqState
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,11 @@ class ScheduledSeq:
     tokens: list[int]       # the tokens computed this step
     slots: np.ndarray       # their KV slots
     needs_sample: bool      # the chunk reaches the end: sample the next token from its last row
+    all_rows: bool = False  # every row's logits (prompt logprobs), not only the last
+
+    @property
+    def need_logits(self) -> int:
+        return ForwardBatch.LOGITS_ALL if self.all_rows else int(self.needs_sample)
 
 
 @dataclass
@@ -50,8 +56,10 @@ class SchedulerOutput:
     copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write block copies
     preempted: list[Sequence] = field(default_factory=list)
     block_table: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.int32))  # [B, W] int32
-    # (sequence, logits row) for every token to sample: row r = the r-th scheduled item that needs a sample
+    # (sequence, logits row) for every token to sample (rows: the items' LOGITS_* rows, in order)
     sample_rows: list[tuple[Sequence, int]] = field(default_factory=list)
+    # (sequence, first position, first logits row, rows) of every item whose rows all have logits
+    prompt_rows: list[tuple[Sequence, int, int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -173,12 +181,13 @@ class Scheduler:
             if len(self.running) + forks + need > self.max_num_seqs and self.running:
                 break
             tokens = np.asarray(s.all_tokens(), dtype=np.int32)
-            cached = m.match_prefix(tokens)
+            reuse = not (s.index == 0 and s.request.needs_prompt_logprobs)  # a cached position has no logits
+            cached = m.match_prefix(tokens) if reuse else 0
             chunk = min(s.num_tokens - cached, budget, self.prefill_chunk)
-            if not m.can_allocate(tokens, cached + chunk):
+            if not m.can_allocate(tokens if reuse else tokens[:0], cached + chunk):
                 break
             self.waiting.popleft()
-            s.num_computed_tokens = m.add_sequence(s.seq_id, tokens)
+            s.num_computed_tokens = m.add_sequence(s.seq_id, tokens, reuse_prefix=reuse)
             s.num_registered_tokens = len(tokens)
             s.in_manager = True
             if s.request.cached_tokens == 0 and s.preemptions == 0:
@@ -205,7 +214,11 @@ class Scheduler:
                                        out.block_table)
         row = 0
         for x in items:
+            if x.all_rows:
+                out.prompt_rows.append((x.seq, x.start, row, len(x.tokens)))
+                row += len(x.tokens) - 1  # the last of them samples when the chunk ends the prompt
             if not x.needs_sample:
+                row += int(x.all_rows)
                 continue
             out.sample_rows.append((x.seq, row))
             if x.seq.index == 0:
@@ -234,7 +247,8 @@ class Scheduler:
             start = s.num_computed_tokens
             toks = [s.token_at(i) for i in range(start, start + chunk)]
             s.num_computed_tokens += chunk
-            out.scheduled.append(ScheduledSeq(s, start, toks, slots, s.num_computed_tokens == s.num_tokens))
+            all_rows = s.index == 0 and s.request.needs_prompt_logprobs and start < len(s.prompt) - 1
+            out.scheduled.append(ScheduledSeq(s, start, toks, slots, s.num_computed_tokens == s.num_tokens, all_rows))
             return True
 
     def _unadmit(self, s: Sequence) -> None:

@@ -109,6 +109,12 @@ class Request:
     computed_prompt_tokens: int = 0  # prompt tokens actually computed (recomputes included)
     deadline: Optional[float] = None
     announced: bool = False        # its first delta (with the prompt ids) has gone out
+    prompt_logprobs: list = field(default_factory=list)  # TokenLogprob of prompt tokens 1.., computed so far
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Asked for, and not all computed yet: sequence 0 computes every prompt position (no cached prefix)."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_ids) - 1
 
     @property
     def finished(self) -> bool:

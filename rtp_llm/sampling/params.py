@@ -23,7 +23,10 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     n: int = 1
-    logprobs: Optional[int] = None  # number of top logprobs to return (0 = only the sampled token's)
+    logprobs: Optional[int] = None  # number of top logprobs to return (0 = only the sampled token's, -1 = all)
+    # vLLM's: each prompt token's logprob (from the first prompt token on) and this many top ones (-1 = all); such
+    # a prompt is computed whole, not taken from the prefix cache (a cached position has no logits).
+    prompt_logprobs: Optional[int] = None
     timeout_ms: Optional[int] = None
     # OpenAI's logit_bias: token id -> bias in [-100, 100], added to the logits before anything else samples them.
     logit_bias: Optional[dict[int, float]] = None
@@ -55,7 +58,9 @@ class SamplingParams:
             ("presence_penalty", -2 <= self.presence_penalty <= 2, "must be in [-2, 2]"),
             ("frequency_penalty", -2 <= self.frequency_penalty <= 2, "must be in [-2, 2]"),
             ("n", self.n >= 1, "must be >= 1"),
-            ("logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "must be in [0, 20]"),
+            ("logprobs", self.logprobs is None or self.logprobs >= -1, "must be >= 0, or -1 (whole vocabulary)"),
+            ("prompt_logprobs", self.prompt_logprobs is None or self.prompt_logprobs >= -1,
+             "must be >= 0, or -1 (whole vocabulary)"),
             ("timeout_ms", self.timeout_ms is None or self.timeout_ms > 0, "must be > 0"),
             ("logit_bias", all(-100 <= float(v) <= 100 for v in (self.logit_bias or {}).values()),
              "values must be in [-100, 100]"),

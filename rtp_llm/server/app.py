@@ -224,8 +224,10 @@ class Server:
 
     # --- parameter mapping ---------------------------------------------------------------------------
     def params(self, req, max_tokens: Optional[int], logprobs: Optional[int], prompt_len: int,
-               constraint: Optional[dict] = None, field: Optional[str] = None) -> SamplingParams:
-        """constraint / field: an output constraint the route made (tool_choice), else the request's own."""
+               constraint: Optional[dict] = None, field: Optional[str] = None,
+               prompt_logprobs: Optional[int] = None) -> SamplingParams:
+        """constraint / field: an output constraint the route made (tool_choice), else the request's own.
+        prompt_logprobs: what the route needs of the prompt (completions' echo with logprobs)."""
         if max_tokens is None:
             max_tokens = max(1, self.max_model_len - prompt_len)
         if constraint is None:
@@ -236,7 +238,8 @@ class Server:
                 top_p=req.top_p, min_p=req.min_p, repetition_penalty=req.repetition_penalty,
                 presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty, seed=req.seed,
                 stop=req.stop_list(), stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos,
-                n=req.n, logprobs=logprobs, logit_bias=req.logit_bias_ids(), allowed_token_ids=req.allowed_token_ids,
+                n=req.n, logprobs=logprobs, prompt_logprobs=_most(req.prompt_logprobs, prompt_logprobs),
+                logit_bias=req.logit_bias_ids(), allowed_token_ids=req.allowed_token_ids,
                 bad_words=list(req.bad_words or []), structured_outputs=constraint)
             if constraint is not None:  # compiled here (and cached), so a bad schema is a 400 naming its field
                 self.engine.processor.grammars.check(params.structured_outputs)
@@ -390,7 +393,8 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
         srv.check_model(req.model)
         prompts = req.prompts()
         encoded = [engine.processor.encode(p) for p in prompts]  # validated against the model on submit
-        params = [srv.params(req, req.max_tokens, req.logprobs, len(ids)) for ids in encoded]
+        echo_lps = req.logprobs if req.echo else None  # the prompt's logprobs come first in the answer
+        params = [srv.params(req, req.max_tokens, req.logprobs, len(ids), prompt_logprobs=echo_lps) for ids in encoded]
         rid = f"cmpl-{uuid.uuid4().hex}"
         streams = []
         try:
@@ -404,7 +408,7 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
         created = int(time.time())
         if req.stream:
             return StreamingResponse(srv.watched(
-                _completion_stream(srv, streams, rid, created, req, [len(x) for x in encoded]), streams),
+                _completion_stream(srv, streams, rid, created, req, prompts, [len(x) for x in encoded]), streams),
                 media_type="text/event-stream")
         outs = await srv.collect(request, streams)
         return fmt.completion_response(srv, outs, rid, created, req, prompts)
@@ -504,6 +508,13 @@ def _left_open(rendered: str, final: str) -> str:
                    "conversation (the template changed it, or it is empty)", param="messages")
 
 
+def _most(a: Optional[int], b: Optional[int]) -> Optional[int]:
+    """The larger of two top-logprob counts (-1: all; None: not asked)."""
+    if a is None or b is None:
+        return b if a is None else a
+    return -1 if -1 in (a, b) else max(a, b)
+
+
 def _echo_text(req: ChatCompletionRequest) -> str:
     """vLLM's chat echo: the last message's text when it is the assistant's (the one being continued)."""
     last = req.messages[-1]
@@ -587,7 +598,7 @@ async def _chat_stream(srv: Server, stream: RequestStream, rid, created, req, ma
     yield "data: [DONE]\n\n"
 
 
-async def _completion_stream(srv: Server, streams, rid, created, req, prompt_lens: list[int]):
+async def _completion_stream(srv: Server, streams, rid, created, req, prompts: list, prompt_lens: list[int]):
     include_usage, continuous = _usage_flags(req)
     finals = {}
     produced = [0] * len(streams)
@@ -603,7 +614,8 @@ async def _completion_stream(srv: Server, streams, rid, created, req, prompt_len
             if o.finish_reason is not None:
                 ended.add(index)
             prompt_ids = None if index in announced else out.prompt_token_ids
-            chunk = fmt.completion_chunk(srv, rid, created, index, o, req, usage, prompt_ids)
+            echo = (fmt.echo_text(srv, prompts[i]), out) if req.echo and index not in announced else None
+            chunk = fmt.completion_chunk(srv, rid, created, index, o, req, usage, prompt_ids, echo)
             if chunk is not None:
                 announced.add(index)
                 yield _sse(chunk)

@@ -53,6 +53,53 @@ def _completion_logprobs(srv, lps, text_start: int = 0, as_ids: bool = False) ->
             "text_offset": offsets}
 
 
+def _top(lp, k: int) -> list:
+    return lp.top if k == -1 else lp.top[:k]
+
+
+def echo_logprobs(srv, out: RequestOutput, k: int, as_ids: bool = False) -> dict:
+    """The prompt's part of a completions echo with logprobs (the generated part follows it): as OpenAI's legacy
+    API, the first token's logprob and top list are null."""
+    tokens = [_token_text(srv, t, as_ids) for t in out.prompt_token_ids]
+    offsets, pos = [], 0
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t)
+    lps = out.prompt_logprobs or [None] * len(tokens)
+    tops = []
+    for lp, tok in zip(lps, tokens):
+        top = None
+        if lp is not None:
+            top = {_token_text(srv, i, as_ids): v for i, v in _top(lp, k)}
+            top.setdefault(tok, lp.logprob)
+        tops.append(top)
+    return {"tokens": tokens, "token_logprobs": [None if lp is None else lp.logprob for lp in lps],
+            "top_logprobs": tops, "text_offset": offsets}
+
+
+def joined_logprobs(a: dict, b: Optional[dict]) -> dict:
+    """Two completions logprobs objects one after the other (an echoed prompt's, then the answer's)."""
+    return a if b is None else {key: a[key] + b[key] for key in a}
+
+
+def prompt_logprobs(srv, out: RequestOutput, k: int, as_ids: bool = False) -> Optional[list]:
+    """vLLM's prompt_logprobs: per prompt position null (the first) or {token id: {logprob, rank, decoded_token}}
+    with the prompt token itself and the k most likely (-1: all)."""
+    if out.prompt_logprobs is None:
+        return None
+    entries = []
+    for lp in out.prompt_logprobs:
+        if lp is None:
+            entries.append(None)
+            continue
+        entry = {str(i): {"logprob": v, "rank": r + 1, "decoded_token": _token_text(srv, i, as_ids)}
+                 for r, (i, v) in enumerate(_top(lp, k))}
+        entry.setdefault(str(lp.token_id), {"logprob": lp.logprob, "rank": lp.rank,
+                                            "decoded_token": _token_text(srv, lp.token_id, as_ids)})
+        entries.append(entry)
+    return entries
+
+
 def running_usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
@@ -81,6 +128,8 @@ def chat_response(srv, out: RequestOutput, rid: str, created: int, make_parser, 
             "system_fingerprint": None, "choices": choices, "usage": out.usage}
     if req is not None and req.return_token_ids:
         body["prompt_token_ids"] = list(out.prompt_token_ids)
+    if req is not None and req.prompt_logprobs is not None:
+        body["prompt_logprobs"] = prompt_logprobs(srv, out, req.prompt_logprobs, _as_ids(req))
     return body
 
 
@@ -117,17 +166,23 @@ def chat_chunks(srv, rid: str, created: int, o: CompletionOutput, parser, first:
     return chunks
 
 
+def echo_text(srv, prompt) -> str:
+    """What completions' echo repeats: the prompt as given, a token-id prompt decoded."""
+    return prompt if isinstance(prompt, str) else srv.tokenizer.decode(prompt, skip_special_tokens=False)
+
+
 def completion_response(srv, outs: list[RequestOutput], rid: str, created: int, req, prompts) -> dict:
     choices = []
     for i, out in enumerate(outs):
-        prefix = ""
-        if req.echo:
-            p = prompts[i]
-            prefix = p if isinstance(p, str) else srv.tokenizer.decode(p, skip_special_tokens=False)
+        prefix = echo_text(srv, prompts[i]) if req.echo else ""
         for o in out.outputs:
-            choice = {"index": i * req.n + o.index, "text": prefix + o.text,
-                      "logprobs": _completion_logprobs(srv, o.logprobs, len(prefix), _as_ids(req)),
+            lps = _completion_logprobs(srv, o.logprobs, len(prefix), _as_ids(req))
+            if req.echo and lps is not None:
+                lps = joined_logprobs(echo_logprobs(srv, out, req.logprobs, _as_ids(req)), lps)
+            choice = {"index": i * req.n + o.index, "text": prefix + o.text, "logprobs": lps,
                       "finish_reason": o.finish_reason}
+            if req.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = prompt_logprobs(srv, out, req.prompt_logprobs, _as_ids(req))
             if req.return_token_ids:
                 choice.update(prompt_token_ids=list(out.prompt_token_ids), token_ids=list(o.token_ids))
             choices.append(choice)
@@ -136,13 +191,19 @@ def completion_response(srv, outs: list[RequestOutput], rid: str, created: int, 
 
 
 def completion_chunk(srv, rid: str, created: int, index: int, o: CompletionOutput, req=None,
-                     usage: Optional[dict] = None, prompt_ids: Optional[list] = None) -> Optional[dict]:
+                     usage: Optional[dict] = None, prompt_ids: Optional[list] = None,
+                     echo: Optional[tuple[str, RequestOutput]] = None) -> Optional[dict]:
+    """One choice's chunk of a step; echo: on the choice's first chunk with `echo`, the prompt's text and the
+    output whose prompt logprobs (with logprobs) come first."""
     ids = req is not None and req.return_token_ids
-    if not (o.delta_text or o.finish_reason or (ids and (o.delta_token_ids or prompt_ids is not None))):
+    if not (o.delta_text or o.finish_reason or echo is not None
+            or (ids and (o.delta_token_ids or prompt_ids is not None))):
         return None
-    choice = {"index": index, "text": o.delta_text,
-              "logprobs": _completion_logprobs(srv, o.delta_logprobs, as_ids=_as_ids(req)),
-              "finish_reason": o.finish_reason}
+    prefix = "" if echo is None else echo[0]
+    lps = _completion_logprobs(srv, o.delta_logprobs, len(prefix), as_ids=_as_ids(req))
+    if echo is not None and lps is not None:
+        lps = joined_logprobs(echo_logprobs(srv, echo[1], req.logprobs, _as_ids(req)), lps)
+    choice = {"index": index, "text": prefix + o.delta_text, "logprobs": lps, "finish_reason": o.finish_reason}
     if ids:
         choice["token_ids"] = list(o.delta_token_ids)
         if prompt_ids is not None:

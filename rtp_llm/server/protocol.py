@@ -222,6 +222,7 @@ class _Sampling(_Request):
     bad_words: Optional[list[str]] = Field(None, max_length=MAX_STOP)   # vLLM
     return_token_ids: bool = False            # vLLM: prompt and output token ids in the response
     return_tokens_as_token_ids: bool = False  # vLLM: logprob tokens as "token_id:<id>"
+    prompt_logprobs: Optional[int] = Field(None, ge=-1)  # vLLM: each prompt token's logprob and this many top (-1: all)
     # Structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_* names.
     response_format: Optional[ResponseFormat] = None
     structured_outputs: Optional[StructuredOutputsRequest] = None
@@ -234,6 +235,12 @@ class _Sampling(_Request):
     def _token_ids_spelling(self):
         if self.return_tokens_as_token_ids and (self.logprobs is None or self.logprobs is False):  # 0 asks
             raise ValueError("return_tokens_as_token_ids spells the tokens of logprobs: it needs logprobs")
+        return self
+
+    @model_validator(mode="after")
+    def _prompt_logprobs(self):
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs is not available with stream=true (as in vLLM)")
         return self
 
     @model_validator(mode="after")
@@ -306,7 +313,7 @@ class ChatCompletionRequest(_Sampling):
     max_tokens: Optional[int] = Field(None, ge=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    top_logprobs: Optional[int] = Field(None, ge=-1)  # -1: the whole vocabulary (within --max_logprobs)
     add_generation_prompt: bool = True
     tools: Optional[list[Tool]] = Field(None, max_length=128)
     tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
@@ -358,8 +365,8 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     max_tokens: int = Field(16, ge=1)
-    logprobs: Optional[int] = Field(None, ge=0, le=20)
-    echo: bool = False
+    logprobs: Optional[int] = Field(None, ge=-1)  # -1: the whole vocabulary (within --max_logprobs)
+    echo: bool = False  # the prompt first; with logprobs, the prompt tokens' logprobs first (the first one null)
     suffix: Optional[str] = None
 
     @field_validator("prompt")

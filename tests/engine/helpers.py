@@ -7,6 +7,7 @@ import dataclasses
 import torch
 
 from rtp_llm.config.engine_config import EngineConfig
+from rtp_llm.device import get_device
 from rtp_llm.engine.core import EngineCore
 from rtp_llm.engine.input_processor import InputProcessor
 from rtp_llm.engine.outputs import OutputCollector
@@ -24,7 +25,8 @@ class Driver:
 
     def __init__(self, core: EngineCore):
         self.core = core
-        self.processor = InputProcessor(core.tokenizer, core.max_model_len, core.vocab_size)
+        self.processor = InputProcessor(core.tokenizer, core.max_model_len, core.vocab_size,
+                                        max_logprobs=core.config.max_logprobs)
         self.collector = OutputCollector()
 
     def add_request(self, request_id, prompt, params=None):
@@ -42,10 +44,12 @@ def driver(config: EngineConfig, **kwargs) -> Driver:
 
 
 class Tiny:
-    def __init__(self, tmp_path, variant="qwen3_gqa2_headdim32_untied"):
+    def __init__(self, tmp_path, variant="qwen3_gqa2_headdim32_untied", dtype="float32", device_ops: bool = False):
+        """device_ops: the model runs the CPU device's kernels (as the server does), not plain torch ops."""
         self.hf = make_checkpoint(tmp_path, variant)
         self.hf.generation_config.eos_token_id = None
-        self.model, self.cfg = load_model(str(tmp_path), dtype="float32")
+        ops = get_device("cpu").ops() if device_ops else None
+        self.model, self.cfg = load_model(str(tmp_path), dtype=dtype, ops=ops)
         # The real SmolLM2 tokenizer: detokenises the tiny model's ids (all < 256) into real text.
         self.tokenizer = Tokenizer.load(default_model_path())
         self._ref: dict[tuple, list[int]] = {}

@@ -66,14 +66,15 @@ bool KVCacheManager::can_allocate(const int32_t* tokens, int64_t n, int64_t tota
     return needed <= pool_.num_available() - evictable_matched;
 }
 
-int64_t KVCacheManager::add_sequence(int64_t seq_id, const int32_t* tokens, int64_t n, uint64_t extra_key) {
+int64_t KVCacheManager::add_sequence(int64_t seq_id, const int32_t* tokens, int64_t n, uint64_t extra_key,
+                                     bool reuse_prefix) {
     Lock lock(mu_);
     if (seqs_.count(seq_id)) throw SequenceError("sequence id " + std::to_string(seq_id) + " is already added");
     if (n < 0) throw SequenceError("negative token count for sequence " + std::to_string(seq_id));
     Sequence s;
     s.tokens.assign(tokens, tokens + n);
     s.extra_key = extra_key;
-    const int64_t cached = match_locked(tokens, n, extra_key, &s.blocks, &s.chain_key);
+    const int64_t cached = reuse_prefix ? match_locked(tokens, n, extra_key, &s.blocks, &s.chain_key) : 0;
     for (int32_t b : s.blocks) pool_.incref(b);
     s.num_slots = cached;
     s.registered = static_cast<int64_t>(s.blocks.size());

@@ -66,8 +66,10 @@ public:
     bool can_allocate(const int32_t* tokens, int64_t n, int64_t total_slots, uint64_t extra_key = 0) const;
 
     // Registers a sequence with its prompt and takes its cached prefix. Returns the cached token count;
-    // that many slots are already filled.
-    int64_t add_sequence(int64_t seq_id, const int32_t* tokens, int64_t n, uint64_t extra_key = 0);
+    // that many slots are already filled. With reuse_prefix false nothing is taken (every token is computed:
+    // a request that needs each prompt position's logits), though its full blocks are still cached for others.
+    int64_t add_sequence(int64_t seq_id, const int32_t* tokens, int64_t n, uint64_t extra_key = 0,
+                         bool reuse_prefix = true);
 
     // Adds generated tokens to the sequence's known tokens (no slots yet).
     void extend_tokens(int64_t seq_id, const int32_t* tokens, int64_t n);

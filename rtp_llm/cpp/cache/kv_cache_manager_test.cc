@@ -103,6 +103,27 @@ TEST(KVCacheManager, FreedPrefixStaysCachedUntilEvicted) {
     expect_accounting(m);
 }
 
+TEST(KVCacheManager, AddWithoutReuseComputesEverythingAndKeepsTheCacheConsistent) {
+    KVCacheManager m(16, 2);
+    auto a = iota(5);
+    m.add_sequence(1, a.data(), 5);
+    std::vector<int32_t> s(5);
+    m.append_slots(1, 5, s.data());
+    m.free(1);
+    EXPECT_EQ(m.match_prefix(a.data(), 5), 4);
+    // The same prompt without reuse: nothing taken, fresh blocks for every token.
+    EXPECT_EQ(m.add_sequence(2, a.data(), 5, 0, false), 0);
+    EXPECT_EQ(m.num_slots(2), 0);
+    std::vector<int32_t> s2(5);
+    m.append_slots(2, 5, s2.data());
+    for (int i = 0; i < 4; ++i) EXPECT_NE(s2[i], s[i]);  // not the cached blocks
+    m.free(2);
+    EXPECT_EQ(m.match_prefix(a.data(), 5), 4);  // the first copy still answers
+    EXPECT_EQ(m.add_sequence(3, a.data(), 5), 4);
+    m.free(3);
+    expect_accounting(m);
+}
+
 TEST(KVCacheManager, EvictsTheTailOfAFreedPrefixFirst) {
     KVCacheManager m(5, 2);  // 4 usable
     auto a = iota(7);

@@ -191,14 +191,16 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
             const int64_t h0 = g0 * group, h1 = g1 * group;
             const int64_t len = kv_lens[b];
             scores.resize(heads * len);
-            for (int64_t i = h0 * dim; i < h1 * dim; ++i) qf[i] = static_cast<float>(qp[b * heads * dim + i]) * scale;
+            // Scaled in float32, as the prefill kernel scales its queries (a double product rounds differently).
+            const float fscale = static_cast<float>(scale);
+            for (int64_t i = h0 * dim; i < h1 * dim; ++i) qf[i] = static_cast<float>(qp[b * heads * dim + i]) * fscale;
             const SeqRows<T> keys{k_cache.data_ptr<T>(), bt + b * table_width, block_size, token_stride};
             const SeqRows<T> values{v_cache.data_ptr<T>(), bt + b * table_width, block_size, token_stride};
 #ifdef __AVX2__
             if constexpr (std::is_same_v<T, float> || std::is_same_v<T, at::BFloat16>) {
                 if (wide) {
                     attention_scores_avx512(keys, qf.data(), len, dim, group, g0, g1, scores.data());
-                    for (int64_t h = h0; h < h1; ++h) softmax_avx2(&scores[h * len], len);
+                    for (int64_t h = h0; h < h1; ++h) softmax_row_avx512(&scores[h * len], len, len);
                     attention_values_avx512(values, scores.data(), len, dim, group, g0, g1, acc.data());
                     for (int64_t i = h0 * dim; i < h1 * dim; ++i) op[b * heads * dim + i] = static_cast<T>(acc[i]);
                     continue;

@@ -7,13 +7,17 @@
 // instructions per key (benchmarks.cpu_decode_attention).
 //
 // Summation order: a score is one 16-lane accumulator over head_dim, its lanes summed in reduce1's tree
-// (reduce8 is the same tree for 8 at once); a value column sums tokens in order.
+// (reduce8 is the same tree for 8 at once); a softmax row: max, exp, the sum in 16 lanes then reduce1; a value
+// column sums tokens in order. The prefill kernel (prefill_attention.cc) scores and normalises with the same
+// functions, so a row's attention is bit for bit the same whichever kernel ran it (batch invariance: a prompt
+// chunked, after a cached prefix or recomputed after preemption gives the tokens it gives whole).
 #include "rtp_llm/cpp/cpu/paged_rows.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include "rtp_llm/cpp/cpu/vec/avx512.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace rtp_llm {
 namespace {
@@ -113,6 +117,44 @@ RTP_AVX512 void attention_scores_avx512(const SeqRows<T>& keys, const float* qf,
 }
 
 template <typename T>
+RTP_AVX512 void query_scores_avx512(const SeqRows<T>& keys, int64_t g, const float* q, int64_t nq, int64_t dim,
+                                    int64_t len, float* scores, int64_t lds) {
+    const T* rows[8];
+    int64_t j = 0;
+    for (; j + 8 <= len; j += 8) {
+        for (int t = 0; t < 8; ++t) rows[t] = keys(j + t) + g * dim;
+        score_heads<8>(rows, q, dim, nq, scores + j, lds);
+    }
+    for (; j < len; ++j) {
+        rows[0] = keys(j) + g * dim;
+        score_heads<1>(rows, q, dim, nq, scores + j, lds);
+    }
+}
+
+RTP_AVX512 void softmax_row_avx512(float* s, int64_t len, int64_t end) {
+    const auto mask_of = [](int64_t left) {
+        return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1);
+    };
+    __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t t = 0; t < len; t += 16)
+        mx = _mm512_mask_max_ps(mx, mask_of(len - t), mx, _mm512_loadu_ps(s + t));
+    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t t = 0; t < len; t += 16) {
+        const __mmask16 k = mask_of(len - t);
+        const __m512 e = avx512::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), m));
+        _mm512_mask_storeu_ps(s + t, k, e);
+        sum = _mm512_mask_add_ps(sum, k, sum, e);
+    }
+    const __m512 inv = _mm512_set1_ps(1.f / avx512::reduce1(sum));
+    for (int64_t t = 0; t < len; t += 16) {
+        const __mmask16 k = mask_of(len - t);
+        _mm512_mask_storeu_ps(s + t, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + t), inv));
+    }
+    std::fill(s + len, s + end, 0.f);
+}
+
+template <typename T>
 RTP_AVX512 void attention_values_avx512(const SeqRows<T>& values, const float* probs, int64_t len, int64_t dim,
                                         int64_t group, int64_t g0, int64_t g1, float* acc) {
     std::fill(acc + g0 * group * dim, acc + g1 * group * dim, 0.f);
@@ -133,7 +175,9 @@ RTP_AVX512 void attention_values_avx512(const SeqRows<T>& values, const float* p
     template void attention_scores_avx512<T>(const SeqRows<T>&, const float*, int64_t, int64_t, int64_t, int64_t, \
                                              int64_t, float*);                                                  \
     template void attention_values_avx512<T>(const SeqRows<T>&, const float*, int64_t, int64_t, int64_t, int64_t, \
-                                             int64_t, float*);
+                                             int64_t, float*);                                                  \
+    template void query_scores_avx512<T>(const SeqRows<T>&, int64_t, const float*, int64_t, int64_t, int64_t,     \
+                                         float*, int64_t);
 RTP_INSTANTIATE(float)
 RTP_INSTANTIATE(c10::BFloat16)
 #undef RTP_INSTANTIATE
@@ -143,6 +187,13 @@ RTP_INSTANTIATE(c10::BFloat16)
 #else  // not x86-64 with GCC/Clang: never called (paged_attention.cc checks the CPU first)
 
 namespace rtp_llm {
+void softmax_row_avx512(float*, int64_t, int64_t) {}
+template <typename T>
+void query_scores_avx512(const SeqRows<T>&, int64_t, const float*, int64_t, int64_t, int64_t, float*, int64_t) {}
+template void query_scores_avx512<float>(const SeqRows<float>&, int64_t, const float*, int64_t, int64_t, int64_t,
+                                         float*, int64_t);
+template void query_scores_avx512<c10::BFloat16>(const SeqRows<c10::BFloat16>&, int64_t, const float*, int64_t,
+                                                 int64_t, int64_t, float*, int64_t);
 template <typename T>
 void attention_scores_avx512(const SeqRows<T>&, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, float*) {}
 template <typename T>

@@ -72,4 +72,14 @@ template <typename T>
 void attention_values_avx512(const SeqRows<T>& values, const float* probs, int64_t len, int64_t dim, int64_t group,
                              int64_t g0, int64_t g1, float* acc);
 
+// scores[i * lds + j] = q_i . k_j for nq query vectors (q: [nq, dim] float32, scaled) of KV head g over keys
+// j < len: each score as attention_scores_avx512 computes it (the prefill kernel's scores).
+template <typename T>
+void query_scores_avx512(const SeqRows<T>& keys, int64_t g, const float* q, int64_t nq, int64_t dim, int64_t len,
+                         float* scores, int64_t lds);
+
+// s[0, len) = softmax(s[0, len)) in float32 (16 lanes, exp16, the sum in reduce1's tree), s[len, end) = 0: the
+// softmax of both attention kernels on AVX-512.
+void softmax_row_avx512(float* s, int64_t len, int64_t end);
+
 }  // namespace rtp_llm

@@ -3,15 +3,16 @@
 // [0, kv_len_s - n_s + j]. Keys and values are read through the block table, so fresh prompts, prompts after
 // a cached prefix and chunked prefills of any lengths are one call (no gather into padded tensors, no mask).
 //
-// Why: the decode kernel's dot-product form (one key at a time, a horizontal sum per score) suits one query
-// per sequence; with many queries per key it spends its time in reductions (no faster than torch's SDPA on a
-// prefill). Here the scores are a small GEMM per (sequence, KV head, row
-// block) against the keys transposed once per (sequence, KV head): per head_dim step, 4 key vectors (64 keys)
-// meet 6 broadcast query values in 24 accumulators; the values likewise, 64 columns x 6 query vectors.
+// Why: the decode kernel takes one query row at a time and re-reads the keys and values per row; here a task
+// (sequence, KV head, row block) scores all its rows' query vectors against keys that stay in L1/L2 (8 keys x
+// 3 query vectors per pass), then multiplies probabilities and values as a small GEMM (64 columns x 6 query
+// vectors per pass).
 //
-// Summation order: a score sums head_dim in order (one FMA chain); a softmax row: max, exp, the sum in 16
-// lanes then their tree; an output column sums keys in order. Each row's result depends only on its own
-// sequence (not on the row blocking, the thread split or other sequences in the call).
+// Summation order: scores and softmax are the decode kernel's own functions (paged_attention_avx512.cc: a
+// score in 16 lanes over head_dim then reduce1's tree; the softmax's sum in 16 lanes then the same tree), and
+// an output column sums keys in order, as the decode kernel does. So a row's result is bit for bit what the
+// decode kernel gives it, and depends only on its own sequence: not on the row blocking, the thread split,
+// other sequences in the call, the prefill chunk it came in or whether its prefix was cached.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -32,43 +33,10 @@ namespace {
 
 using avx512::load16;
 
-constexpr int kQueryTile = 6;  // query vectors per pass: 6 x 4 vectors = 24 accumulators
-constexpr int kKeyVecs = 4;    // 64 keys (scores) or 64 columns (values) per pass
+constexpr int kQueryTile = 6;  // query vectors per values pass: 6 x 4 vectors = 24 accumulators
+constexpr int kKeyVecs = 4;    // 64 columns per values pass
 // Rows per task: the task's scores ([rows x group, keys] floats) stay within this many bytes (in L2).
 constexpr int64_t kScoreBytes = 256 << 10;
-
-// s[i][t0 + 16c + l] = sum_d q[i][d] kt[d][t0 + 16c + l], NQ query vectors x NK 16-key vectors.
-template <int NQ, int NK>
-RTP_AVX512 void score_block(const float* q, int64_t dim, const float* kt, int64_t ldk, int64_t t0, float* s,
-                            int64_t lds) {
-    __m512 acc[NQ][NK];
-    for (int i = 0; i < NQ; ++i)
-        for (int c = 0; c < NK; ++c) acc[i][c] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < dim; ++d) {
-        __m512 k[NK];
-        for (int c = 0; c < NK; ++c) k[c] = _mm512_loadu_ps(kt + d * ldk + t0 + 16 * c);
-        for (int i = 0; i < NQ; ++i) {
-            const __m512 b = _mm512_set1_ps(q[i * dim + d]);
-            for (int c = 0; c < NK; ++c) acc[i][c] = _mm512_fmadd_ps(b, k[c], acc[i][c]);
-        }
-    }
-    for (int i = 0; i < NQ; ++i)
-        for (int c = 0; c < NK; ++c) _mm512_storeu_ps(s + i * lds + t0 + 16 * c, acc[i][c]);
-}
-
-template <int NQ>
-RTP_AVX512 void score_rows(const float* q, int64_t dim, const float* kt, int64_t ldk, int64_t keys, float* s,
-                           int64_t lds) {
-    int64_t t = 0;
-    for (; t + 16 * kKeyVecs <= keys; t += 16 * kKeyVecs) score_block<NQ, kKeyVecs>(q, dim, kt, ldk, t, s, lds);
-    switch ((keys - t + 15) / 16) {  // the last 1-64 keys (the transposed keys are zero-padded to 16)
-        case 4: score_block<NQ, 4>(q, dim, kt, ldk, t, s, lds); break;
-        case 3: score_block<NQ, 3>(q, dim, kt, ldk, t, s, lds); break;
-        case 2: score_block<NQ, 2>(q, dim, kt, ldk, t, s, lds); break;
-        case 1: score_block<NQ, 1>(q, dim, kt, ldk, t, s, lds); break;
-        default: break;
-    }
-}
 
 // o[i][col : col + 16 NC] = sum_{t < keys} p[i][t] v_t[col : ...] for NQ query vectors.
 template <int NQ, int NC, typename T>
@@ -97,34 +65,6 @@ RTP_AVX512 void value_rows(const float* p, int64_t lds, const SeqRows<T>& values
     for (; c + 16 * kKeyVecs <= dim; c += 16 * kKeyVecs) value_block<NQ, kKeyVecs>(p, lds, values, offset, keys, c, o, dim);
     for (; c < dim; c += 16) value_block<NQ, 1>(p, lds, values, offset, keys, c, o, dim);
 }
-
-// s[0, len) = softmax(s[0, len)), s[len, end) = 0.
-RTP_AVX512 void softmax_row(float* s, int64_t len, int64_t end) {
-    const auto mask_of = [](int64_t left) {
-        return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1);
-    };
-    __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    for (int64_t t = 0; t < len; t += 16)
-        mx = _mm512_mask_max_ps(mx, mask_of(len - t), mx, _mm512_loadu_ps(s + t));
-    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t t = 0; t < len; t += 16) {
-        const __mmask16 k = mask_of(len - t);
-        const __m512 e = avx512::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), m));
-        _mm512_mask_storeu_ps(s + t, k, e);
-        sum = _mm512_mask_add_ps(sum, k, sum, e);
-    }
-    const __m512 inv = _mm512_set1_ps(1.f / avx512::reduce1(sum));
-    for (int64_t t = 0; t < len; t += 16) {
-        const __mmask16 k = mask_of(len - t);
-        _mm512_mask_storeu_ps(s + t, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + t), inv));
-    }
-    std::fill(s + len, s + end, 0.f);
-}
-
-using ScoreFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
-constexpr ScoreFn kScoreRows[kQueryTile + 1] = {nullptr,        &score_rows<1>, &score_rows<2>, &score_rows<3>,
-                                                &score_rows<4>, &score_rows<5>, &score_rows<6>};
 
 template <typename T>
 void value_rows_any(int nq, const float* p, int64_t lds, const SeqRows<T>& values, int64_t offset, int64_t keys,
@@ -163,33 +103,10 @@ void prefill_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
     const int32_t* bt = block_table.data_ptr<int32_t>();
     T* op = out.data_ptr<T>();
 
-    // Phase 1: each (sequence, KV head)'s keys transposed to [dim, keys rounded up to 16] floats, zero-padded.
-    std::vector<int64_t> kt_offset(seqs + 1, 0), padded(seqs);
-    for (int64_t s = 0; s < seqs; ++s) {
-        padded[s] = (kv_lens[s] + 15) / 16 * 16;
-        kt_offset[s + 1] = kt_offset[s] + kv_heads * dim * padded[s];
-    }
-    std::vector<float> kt(kt_offset[seqs]);
-    at::parallel_for(0, seqs * kv_heads, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t task = begin; task < end; ++task) {
-            const int64_t s = task / kv_heads, g = task % kv_heads, len = kv_lens[s], ld = padded[s];
-            const SeqRows<T> keys{kp, bt + s * table_width, block_size, token_stride};
-            float* dst = kt.data() + kt_offset[s] + g * dim * ld;
-            // 16 tokens at a time: each destination line written whole, from 16 source rows.
-            const T* rows[16];
-            for (int64_t t0 = 0; t0 < ld; t0 += 16) {
-                const int64_t n = std::min<int64_t>(16, len - t0);
-                for (int64_t t = 0; t < n; ++t) rows[t] = keys(t0 + t) + g * dim;
-                for (int64_t d = 0; d < dim; ++d) {
-                    float* line = dst + d * ld + t0;
-                    for (int64_t t = 0; t < n; ++t) line[t] = static_cast<float>(rows[t][d]);
-                    for (int64_t t = n; t < 16; ++t) line[t] = 0.f;
-                }
-            }
-        }
-    });
+    std::vector<int64_t> padded(seqs);  // score rows' stride: keys rounded up to 16
+    for (int64_t s = 0; s < seqs; ++s) padded[s] = (kv_lens[s] + 15) / 16 * 16;
 
-    // Phase 2: tasks of (sequence, KV head, row block), the costliest first, dealt to the threads in turn.
+    // Tasks of (sequence, KV head, row block), the costliest first, dealt to the threads in turn.
     std::vector<Task> tasks;
     for (int64_t s = 0; s < seqs; ++s) {
         const int64_t n = starts[s + 1] - starts[s], ctx = kv_lens[s] - n;
@@ -208,8 +125,8 @@ void prefill_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
             for (size_t ti = w; ti < tasks.size(); ti += workers) {
                 const Task& task = tasks[ti];
                 const int64_t s = task.seq, g = task.group, n = starts[s + 1] - starts[s], ctx = kv_lens[s] - n;
-                const int64_t nq = (task.r1 - task.r0) * group, lds = padded[s], ld = padded[s];
-                const float* kts = kt.data() + kt_offset[s] + g * dim * ld;
+                const int64_t nq = (task.r1 - task.r0) * group, lds = padded[s];
+                const SeqRows<T> keys{kp, bt + s * table_width, block_size, token_stride};
                 const SeqRows<T> values{vp, bt + s * table_width, block_size, token_stride};
                 qs.resize(nq * dim), sc.resize(nq * lds), o.resize(nq * dim);
                 // The task's queries, scaled, vector i = (row r0 + i / group, query head g * group + i % group).
@@ -220,10 +137,11 @@ void prefill_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
                 const auto keys_of = [&](int64_t i) { return ctx + task.r0 + i / group + 1; };
                 for (int64_t i0 = 0; i0 < nq; i0 += kQueryTile) {
                     const int nt = static_cast<int>(std::min<int64_t>(kQueryTile, nq - i0));
-                    const int64_t keys = keys_of(i0 + nt - 1);
-                    kScoreRows[nt](qs.data() + i0 * dim, dim, kts, ld, keys, sc.data() + i0 * lds, lds);
-                    for (int64_t i = i0; i < i0 + nt; ++i) softmax_row(sc.data() + i * lds, keys_of(i), keys);
-                    value_rows_any<T>(nt, sc.data() + i0 * lds, lds, values, g * dim, keys, o.data() + i0 * dim, dim);
+                    const int64_t n_keys = keys_of(i0 + nt - 1);
+                    query_scores_avx512(keys, g, qs.data() + i0 * dim, nt, dim, n_keys, sc.data() + i0 * lds, lds);
+                    for (int64_t i = i0; i < i0 + nt; ++i) softmax_row_avx512(sc.data() + i * lds, keys_of(i), n_keys);
+                    value_rows_any<T>(nt, sc.data() + i0 * lds, lds, values, g * dim, n_keys, o.data() + i0 * dim,
+                                      dim);
                 }
                 for (int64_t i = 0; i < nq; ++i) {
                     T* dst = op + ((starts[s] + task.r0 + i / group) * heads + g * group + i % group) * dim;

@@ -90,11 +90,12 @@ void bind_cache(py::module_& m) {
              },
              py::arg("tokens"), py::arg("total_slots"), py::arg("extra_key") = 0)
         .def("add_sequence",
-             [](KVCacheManager& self, int64_t seq_id, const py::buffer& tokens, uint64_t extra_key) {
+             [](KVCacheManager& self, int64_t seq_id, const py::buffer& tokens, uint64_t extra_key,
+                bool reuse_prefix) {
                  auto t = as_array<int32_t>(tokens, "tokens", false);
-                 return self.add_sequence(seq_id, t.data, t.size, extra_key);
+                 return self.add_sequence(seq_id, t.data, t.size, extra_key, reuse_prefix);
              },
-             py::arg("seq_id"), py::arg("tokens"), py::arg("extra_key") = 0)
+             py::arg("seq_id"), py::arg("tokens"), py::arg("extra_key") = 0, py::arg("reuse_prefix") = true)
         .def("extend_tokens",
              [](KVCacheManager& self, int64_t seq_id, const py::buffer& tokens) {
                  auto t = as_array<int32_t>(tokens, "tokens", false);

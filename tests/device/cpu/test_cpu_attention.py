@@ -152,8 +152,8 @@ def _float64_attention(q, k, v, table, starts, kv_lens, scale):
 def test_prefill_kernel_against_float64(dtype, block_size, dim, heads, kv_heads):
     """The prefill kernel on sequences of 1-150 new rows after 0-90 cached keys (tails after its 6-vector
     query tiles, 16- and 64-key score blocks and 64-column value strips; row blocks of one long sequence),
-    shuffled blocks, strided q rows (a column slice of qkv, as the model passes it), against float64; and
-    each sequence's rows the same whatever other sequences share the call."""
+    shuffled blocks, strided q rows (a column slice of qkv, as the model passes it), against float64; each
+    sequence's rows the same whatever other sequences share the call, and the same bits as the decode kernel's."""
     from rtp_llm._native import ops
 
     if ops().cpu_isa() != "avx512":
@@ -180,6 +180,12 @@ def test_prefill_kernel_against_float64(dtype, block_size, dim, heads, kv_heads)
     alone = ops().prefill_attention(q[int(starts[3]):int(starts[4])], k, v, table[3:4].contiguous(),
                                     torch.tensor([0, rows[3]]), kv_lens[3:4], scale)
     assert torch.equal(alone, out[int(starts[3]):int(starts[4])])
+    # Every row exactly as the decode kernel computes it alone (one query over its causal keys): a prompt's logits do
+    # not depend on how it was chunked, whether its prefix was cached or whether it was recomputed after preemption.
+    seq = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(rows))
+    causal = torch.cat([torch.arange(c + 1, c + r + 1) for r, c in zip(rows, ctx)])
+    paged = ops().paged_attention(q.contiguous(), k, v, table[seq].contiguous(), causal, scale)
+    assert torch.equal(paged, out)
 
 
 def test_prefill_kernel_rejects_bad_arguments():
