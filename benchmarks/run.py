@@ -2,6 +2,7 @@
 
     python -m benchmarks.run --workload W --engines rtp_llm,vllm,transformers --rounds 3 [--json out.json]
     python -m benchmarks.run --workload W --engines rtp_llm@.,rtp_llm@../baseline --rounds 3   # a change vs before
+    python -m benchmarks.run --workload W --engines rtp_llm,vllm --rounds 5 --hog 2,3   # beside a co-tenant
 
 Peers with their own environments are created once by a script: vllm by bash benchmarks/peers/setup_vllm.sh
 (~4 minutes), llamacpp by bash benchmarks/peers/setup_llamacpp.sh (~15 minutes, builds llama.cpp from source).
@@ -16,6 +17,7 @@ first (TPOT, the decode rate: (total - TTFT) / (tokens - 1)), and same-round rat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -43,6 +45,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--json")
     ap.add_argument("--png", help="also draw throughput and time per output token per engine")
+    ap.add_argument("--hog", help="ON,OFF: a co-tenant on the last core, busy ON seconds then idle OFF, during the "
+                                  "measured rounds (benchmarks/hog.py)")
     args = ap.parse_args()
 
     wl = WORKLOADS[args.workload]
@@ -53,18 +57,13 @@ def main() -> None:
         e.run(prompts, 2)
     results = {n: [] for n in names}
     first_tokens = {}
-    for r in range(args.rounds):
-        order = names if r % 2 == 0 else list(reversed(names))  # alternate who runs first
-        for n in order:
-            # Peers' worker threads spin-wait for a while after a job (ggml's thread pool does); on 2 cores a
-            # spinning idle peer would halve the next engine's speed. A pause lets them go to sleep.
-            time.sleep(IDLE_PAUSE_S)
-            tokens, seconds, extra = engines[n].run(prompts, wl.new_tokens)
-            assert all(len(t) == wl.new_tokens for t in tokens), f"{n} produced the wrong number of tokens"
-            first_tokens.setdefault(n, [t[:CHECK_TOKENS[args.dtype]] for t in tokens])
-            results[n].append({"seconds": seconds, "tok_s": len(prompts) * wl.new_tokens / seconds,
-                               "tpot_ms": _tpot_ms(seconds, extra.get("ttft_s"), wl.new_tokens), **extra})
-            print(f"round {r} {n}: {results[n][-1]['tok_s']:.1f} output tok/s", flush=True)
+    hog = None
+    if args.hog:
+        from benchmarks.hog import parse
+
+        hog = parse(args.hog)
+    with hog if hog is not None else contextlib.nullcontext():
+        _rounds(args, names, engines, prompts, wl, results, first_tokens)
     for e in engines.values():
         if hasattr(e, "close"):
             e.close()
@@ -75,6 +74,7 @@ def main() -> None:
         ties = _fp32_near_ties(prompts, BF16_TIE_MARGIN)
         agree = {n: sum(t[0] in tie for t, tie in zip(first_tokens[n], ties)) / len(prompts) for n in names}
     summary = {"workload": wl.__dict__, "dtype": args.dtype, "threads": torch.get_num_threads(),
+               "co_tenant": hog.describe() if hog is not None else None,
                "first_tokens_agree": agree, "engines": {}}
     for n in names:
         vals = [x["tok_s"] for x in results[n]]
@@ -101,6 +101,21 @@ def main() -> None:
     if bad:
         raise SystemExit(f"engines {bad}: first token outside the float32 reference's near-ties "
                          f"(within {BF16_TIE_MARGIN} of the top logit)")
+
+
+def _rounds(args, names, engines, prompts, wl, results, first_tokens) -> None:
+    for r in range(args.rounds):
+        order = names if r % 2 == 0 else list(reversed(names))  # alternate who runs first
+        for n in order:
+            # Peers' worker threads spin-wait for a while after a job (ggml's thread pool does); on 2 cores a
+            # spinning idle peer would halve the next engine's speed. A pause lets them go to sleep.
+            time.sleep(IDLE_PAUSE_S)
+            tokens, seconds, extra = engines[n].run(prompts, wl.new_tokens)
+            assert all(len(t) == wl.new_tokens for t in tokens), f"{n} produced the wrong number of tokens"
+            first_tokens.setdefault(n, [t[:CHECK_TOKENS[args.dtype]] for t in tokens])
+            results[n].append({"seconds": seconds, "tok_s": len(prompts) * wl.new_tokens / seconds,
+                               "tpot_ms": _tpot_ms(seconds, extra.get("ttft_s"), wl.new_tokens), **extra})
+            print(f"round {r} {n}: {results[n][-1]['tok_s']:.1f} output tok/s", flush=True)
 
 
 def _engine(name: str, dtype: str):
