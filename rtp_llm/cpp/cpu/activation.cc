@@ -9,6 +9,7 @@
 
 #include <cmath>
 
+#include "rtp_llm/cpp/cpu/work_pool.h"
 #include "rtp_llm/cpp/cpu/ops.h"
 #include "rtp_llm/cpp/cpu/vec/avx2.h"
 
@@ -17,7 +18,7 @@ namespace {
 
 template <typename T>
 void silu_mul_rows(const T* in, T* out, int64_t rows, int64_t inter) {
-    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
             const T* g = in + r * 2 * inter;
             const T* u = g + inter;

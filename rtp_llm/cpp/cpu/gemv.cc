@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
+#include "rtp_llm/cpp/cpu/work_pool.h"
 #include "rtp_llm/cpp/cpu/ops.h"
 #include "rtp_llm/cpp/cpu/vec/avx2.h"
 
@@ -85,7 +86,7 @@ void gemv_rows(const at::Tensor& x, const at::Tensor& w, const float* bias, at::
     if (cpu_avx512()) return gemv_avx512(wp, xf.data(), bias, op, m, k, n);
     auto store = [&](int64_t r, int64_t j, float v) { op[r * n + j] = static_cast<T>(bias ? v + bias[j] : v); };
     // Grain 16 blocks: a task streams >= 64 weight rows, enough to amortise the scheduling.
-    at::parallel_for(0, (n + 3) / 4, 16, [&](int64_t begin, int64_t end) {
+    parallel_for(0, (n + 3) / 4, 16, [&](int64_t begin, int64_t end) {
         float res[8];
         for (int64_t blk = begin; blk < end; ++blk) {
             const int64_t j = blk * 4;

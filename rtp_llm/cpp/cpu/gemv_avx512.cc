@@ -9,6 +9,7 @@
 // Summation order, per output: one 16-lane accumulator over k (in steps of 16, the tail masked), its lanes
 // summed in one fixed tree (reduce1 / reduce8); the same for every row count and grouping, so a sequence's
 // result does not depend on how many others share its step.
+#include "rtp_llm/cpp/cpu/work_pool.h"
 #include "rtp_llm/cpp/cpu/ops.h"
 
 #include <ATen/Parallel.h>
@@ -114,7 +115,7 @@ RTP_AVX512 void rows_block(const T* w, const float* x, const float* bias, T* out
 template <typename T, int M>
 void gemv_m(const T* w, const float* x, const float* bias, T* out, int64_t k, int64_t n) {
     // Grain 3 blocks: a task streams >= 72 weight rows, enough to amortise the scheduling.
-    at::parallel_for(0, (n + kBlock - 1) / kBlock, 3, [&](int64_t begin, int64_t end) {
+    parallel_for(0, (n + kBlock - 1) / kBlock, 3, [&](int64_t begin, int64_t end) {
         rows_block<T, M>(w, x, bias, out, k, n, begin * kBlock, std::min(n, end * kBlock));
     });
 }

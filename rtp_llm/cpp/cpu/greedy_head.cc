@@ -20,6 +20,7 @@
 // Ties among the candidates go to the lowest index, as torch.argmax does.
 #include <ATen/Parallel.h>
 
+#include "rtp_llm/cpp/cpu/work_pool.h"
 #include "rtp_llm/cpp/cpu/ops.h"
 
 #include <algorithm>
@@ -114,7 +115,7 @@ std::tuple<at::Tensor, at::Tensor> pack_greedy_screen(const at::Tensor& w) {
     auto bounds = at::empty({3, n}, wc.options());  // d_j, m_j, n_j
     const float* wp = wc.data_ptr<float>();
     float* bp = bounds.data_ptr<float>();
-    at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
+    parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
         for (int64_t j = begin; j < end; ++j) {
             const float* row = wp + j * k;
             double diff = 0, rounded = 0, exact = 0;
@@ -184,7 +185,7 @@ at::Tensor greedy_head(const at::Tensor& h, const at::Tensor& screen, const at::
     const float* dn = bounds.data_ptr<float>();
     const float* wp = weight.data_ptr<float>();
     int64_t* out = ids.data_ptr<int64_t>();
-    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
         std::vector<float> bound(n);
         std::vector<int64_t> candidates;
         for (int64_t r = begin; r < end; ++r) {

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "rtp_llm/cpp/cpu/work_pool.h"
 #include "rtp_llm/cpp/cpu/ops.h"
 
 #include <cstring>
@@ -18,7 +19,7 @@ void write_kv_rows(const at::Tensor& rows, at::Tensor& cache, const int64_t* slo
     const int64_t bytes = width * rows.element_size(), src_stride = rows.stride(0) * rows.element_size();
     auto* dst = static_cast<char*>(cache.data_ptr());
     const auto* src = static_cast<const char*>(rows.data_ptr());
-    at::parallel_for(0, n, 256, [&](int64_t b, int64_t e) {
+    parallel_for(0, n, 256, [&](int64_t b, int64_t e) {
         for (int64_t t = b; t < e; ++t) std::memcpy(dst + slots[t] * bytes, src + t * src_stride, bytes);
     });
 }

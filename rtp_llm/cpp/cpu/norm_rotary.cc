@@ -12,6 +12,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
+#include "rtp_llm/cpp/cpu/work_pool.h"
 #include "rtp_llm/cpp/cpu/ops.h"
 #include "rtp_llm/cpp/cpu/vec/avx2.h"
 
@@ -54,7 +55,7 @@ void rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps, at
     const int64_t n = x.size(-1), rows = x.numel() / n;
     const T *xp = x.data_ptr<T>(), *wp = weight.data_ptr<T>();
     T* op = out.data_ptr<T>();
-    at::parallel_for(0, rows, kNormGrain, [&](int64_t b, int64_t e) {
+    parallel_for(0, rows, kNormGrain, [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r) norm_row<T>(xp + r * n, wp, static_cast<float>(eps), n, op + r * n);
     });
 }
@@ -79,7 +80,7 @@ void add_rms_norm_rows(const at::Tensor& x, const at::Tensor& residual, const at
     const int64_t n = x.size(-1), rows = x.numel() / n;
     const T *xp = x.data_ptr<T>(), *rp = residual.data_ptr<T>(), *wp = weight.data_ptr<T>();
     T *sp = sum.data_ptr<T>(), *op = out.data_ptr<T>();
-    at::parallel_for(0, rows, kNormGrain, [&](int64_t b, int64_t e) {
+    parallel_for(0, rows, kNormGrain, [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r) {
             T* s = sp + r * n;
 #pragma omp simd
@@ -115,7 +116,7 @@ template <typename T>
 void rotate_one(at::Tensor& x, const T* cp, const T* sp) {
     const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2), half = dim / 2;
     T* xp = x.data_ptr<T>();
-    at::parallel_for(0, tokens, 16, [&](int64_t b, int64_t e) {
+    parallel_for(0, tokens, 16, [&](int64_t b, int64_t e) {
         for (int64_t t = b; t < e; ++t) {
             const T *c = cp + t * dim, *s = sp + t * dim;
             for (int64_t h = 0; h < heads; ++h) {

@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "rtp_llm/cpp/cpu/work_pool.h"
 #include "rtp_llm/cpp/cpu/ops.h"
 #include "rtp_llm/cpp/cpu/vec/avx2.h"
 #include "rtp_llm/cpp/cpu/paged_rows.h"
@@ -184,7 +185,7 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
     // slower). With fewer sequences than threads, tasks split the KV heads again so every thread has work.
     const int64_t splits = batch >= at::get_num_threads() ? 1 : kv_heads;
     const int64_t heads_per_split = kv_heads / splits;
-    at::parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
+    parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
         std::vector<float> scores, qf(heads * dim), acc(heads * dim);
         for (int64_t task = begin; task < end; ++task) {
             const int64_t b = task / splits, g0 = (task % splits) * heads_per_split, g1 = g0 + heads_per_split;

@@ -13,6 +13,7 @@
 // of x. Summation order, per output: one FMA chain over k in order, from zero, then + bias. It does not
 // depend on the row count, the row blocking or the thread split, so a sequence's result is the same whatever
 // else shares its step (decode, prefill, any batch).
+#include "rtp_llm/cpp/cpu/work_pool.h"
 #include "rtp_llm/cpp/cpu/ops.h"
 #include "rtp_llm/cpp/memory/huge_pages.h"
 
@@ -254,7 +255,7 @@ void panel_linear_any(const typename E::W* panels, const typename E::X* x, const
     const int64_t np = (n + kOutCols<Gated> - 1) / kOutCols<Gated>;
     for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
         const int64_t rows = std::min(kRowChunk, m - r0);
-        at::parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
+        parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
             for (int64_t q = begin; q < end; ++q)
                 panel_rows<E, Gated>(panels, x, bias, out, k, n, q, r0, rows,
                                      q + 1 < end ? panels + (q + 1) * k * kPanelCols : nullptr);

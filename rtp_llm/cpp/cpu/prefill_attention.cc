@@ -16,6 +16,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "rtp_llm/cpp/cpu/work_pool.h"
 #include "rtp_llm/cpp/cpu/ops.h"
 #include "rtp_llm/cpp/cpu/paged_rows.h"
 
@@ -106,7 +107,7 @@ void prefill_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
     std::vector<int64_t> padded(seqs);  // score rows' stride: keys rounded up to 16
     for (int64_t s = 0; s < seqs; ++s) padded[s] = (kv_lens[s] + 15) / 16 * 16;
 
-    // Tasks of (sequence, KV head, row block), the costliest first, dealt to the threads in turn.
+    // Tasks of (sequence, KV head, row block), the costliest first, claimed by the threads in chunks.
     std::vector<Task> tasks;
     for (int64_t s = 0; s < seqs; ++s) {
         const int64_t n = starts[s + 1] - starts[s], ctx = kv_lens[s] - n;
@@ -118,38 +119,35 @@ void prefill_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
             }
     }
     std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.cost > b.cost; });
-    const int64_t workers = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(tasks.size()));
-    at::parallel_for(0, workers, 1, [&](int64_t wbegin, int64_t wend) {
+    parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t tbegin, int64_t tend) {
         std::vector<float> qs, sc, o;
-        for (int64_t w = wbegin; w < wend; ++w) {
-            for (size_t ti = w; ti < tasks.size(); ti += workers) {
-                const Task& task = tasks[ti];
-                const int64_t s = task.seq, g = task.group, n = starts[s + 1] - starts[s], ctx = kv_lens[s] - n;
-                const int64_t nq = (task.r1 - task.r0) * group, lds = padded[s];
-                const SeqRows<T> keys{kp, bt + s * table_width, block_size, token_stride};
-                const SeqRows<T> values{vp, bt + s * table_width, block_size, token_stride};
-                qs.resize(nq * dim), sc.resize(nq * lds), o.resize(nq * dim);
-                // The task's queries, scaled, vector i = (row r0 + i / group, query head g * group + i % group).
-                for (int64_t i = 0; i < nq; ++i)
-                    scaled_row(qp + (starts[s] + task.r0 + i / group) * q_stride + (g * group + i % group) * dim,
-                               static_cast<float>(scale), dim, qs.data() + i * dim);
-                // A vector's row sees ctx + row + 1 keys; a pass covers what its last vector sees.
-                const auto keys_of = [&](int64_t i) { return ctx + task.r0 + i / group + 1; };
-                for (int64_t i0 = 0; i0 < nq; i0 += kQueryTile) {
-                    const int nt = static_cast<int>(std::min<int64_t>(kQueryTile, nq - i0));
-                    const int64_t n_keys = keys_of(i0 + nt - 1);
-                    query_scores_avx512(keys, g, qs.data() + i0 * dim, nt, dim, n_keys, sc.data() + i0 * lds, lds);
-                    for (int64_t i = i0; i < i0 + nt; ++i) softmax_row_avx512(sc.data() + i * lds, keys_of(i), n_keys);
-                    value_rows_any<T>(nt, sc.data() + i0 * lds, lds, values, g * dim, n_keys, o.data() + i0 * dim,
-                                      dim);
-                }
-                for (int64_t i = 0; i < nq; ++i) {
-                    T* dst = op + ((starts[s] + task.r0 + i / group) * heads + g * group + i % group) * dim;
-                    if constexpr (std::is_same_v<T, float>) {
-                        std::memcpy(dst, o.data() + i * dim, dim * sizeof(float));
-                    } else {
-                        for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(o[i * dim + d]);
-                    }
+        for (int64_t ti = tbegin; ti < tend; ++ti) {
+            const Task& task = tasks[ti];
+            const int64_t s = task.seq, g = task.group, n = starts[s + 1] - starts[s], ctx = kv_lens[s] - n;
+            const int64_t nq = (task.r1 - task.r0) * group, lds = padded[s];
+            const SeqRows<T> keys{kp, bt + s * table_width, block_size, token_stride};
+            const SeqRows<T> values{vp, bt + s * table_width, block_size, token_stride};
+            qs.resize(nq * dim), sc.resize(nq * lds), o.resize(nq * dim);
+            // The task's queries, scaled, vector i = (row r0 + i / group, query head g * group + i % group).
+            for (int64_t i = 0; i < nq; ++i)
+                scaled_row(qp + (starts[s] + task.r0 + i / group) * q_stride + (g * group + i % group) * dim,
+                           static_cast<float>(scale), dim, qs.data() + i * dim);
+            // A vector's row sees ctx + row + 1 keys; a pass covers what its last vector sees.
+            const auto keys_of = [&](int64_t i) { return ctx + task.r0 + i / group + 1; };
+            for (int64_t i0 = 0; i0 < nq; i0 += kQueryTile) {
+                const int nt = static_cast<int>(std::min<int64_t>(kQueryTile, nq - i0));
+                const int64_t n_keys = keys_of(i0 + nt - 1);
+                query_scores_avx512(keys, g, qs.data() + i0 * dim, nt, dim, n_keys, sc.data() + i0 * lds, lds);
+                for (int64_t i = i0; i < i0 + nt; ++i) softmax_row_avx512(sc.data() + i * lds, keys_of(i), n_keys);
+                value_rows_any<T>(nt, sc.data() + i0 * lds, lds, values, g * dim, n_keys, o.data() + i0 * dim,
+                                  dim);
+            }
+            for (int64_t i = 0; i < nq; ++i) {
+                T* dst = op + ((starts[s] + task.r0 + i / group) * heads + g * group + i % group) * dim;
+                if constexpr (std::is_same_v<T, float>) {
+                    std::memcpy(dst, o.data() + i * dim, dim * sizeof(float));
+                } else {
+                    for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(o[i * dim + d]);
                 }
             }
         }

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <vector>
 
+#include "rtp_llm/cpp/cpu/work_pool.h"
 #include "rtp_llm/cpp/cpu/cpu_features.h"
 #include "rtp_llm/cpp/cpu/ops.h"
 #include "rtp_llm/cpp/cpu/quant_blocks.h"
@@ -32,7 +33,7 @@ float reduce_lanes(const float* a) {
 void quant_linear_portable(Format f, const uint8_t* w, int64_t block_bytes, const float* x, const float* bias,
                            float* out, int64_t m, int64_t k, int64_t n) {
     const int64_t per = quant::elements(f), blocks = k / per;
-    at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
         std::vector<float> row(k);
         for (int64_t j = begin; j < end; ++j) {
             for (int64_t b = 0; b < blocks; ++b)
@@ -90,7 +91,7 @@ at::Tensor quant_dequantize(const at::Tensor& w) {
     auto out = at::empty({n, blocks * per}, at::TensorOptions().dtype(at::kFloat));
     const uint8_t* src = w.data_ptr<uint8_t>();
     float* dst = out.data_ptr<float>();
-    at::parallel_for(0, n * blocks, 1024, [&](int64_t begin, int64_t end) {
+    parallel_for(0, n * blocks, 1024, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) quant::decode_block(f, src + i * bytes, dst + i * per);
     });
     return out;

@@ -10,6 +10,7 @@
 
 #include <vector>
 
+#include "rtp_llm/cpp/cpu/work_pool.h"
 #include "rtp_llm/cpp/cpu/ops.h"
 #include "rtp_llm/cpp/cpu/quant_blocks.h"
 
@@ -227,7 +228,7 @@ template <Format F>
 void run(const uint8_t* w, int64_t block_bytes, const float* x, const float* bias, float* out, int64_t m, int64_t k,
          int64_t n) {
     const int64_t panels = (n + kPanel - 1) / kPanel;
-    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
         const int64_t j0 = p0 * kPanel, j1 = std::min(n, p1 * kPanel);
         if (m <= kDirectRows) {
             direct<F>(w, block_bytes, x, bias, out, m, k, n, j0, j1);

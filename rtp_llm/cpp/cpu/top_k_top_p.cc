@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "rtp_llm/cpp/cpu/work_pool.h"
 #include "rtp_llm/cpp/cpu/ops.h"
 
 #include <algorithm>
@@ -88,7 +89,7 @@ at::Tensor apply_top_k_top_p(const at::Tensor& logits, const std::optional<at::T
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "apply_top_k_top_p", [&] {
         const scalar_t* in = x.data_ptr<scalar_t>();
         scalar_t* o = out.data_ptr<scalar_t>();
-        at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+        parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
             std::vector<int32_t> idx;
             std::vector<double> e;
             for (int64_t r = begin; r < end; ++r) {

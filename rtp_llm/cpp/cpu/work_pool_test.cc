@@ -1,0 +1,82 @@
+// rtp_llm::parallel_for: every index runs exactly once, in ranges of at least `grain`, on several threads; a
+// loop inside a chunk runs inline; an exception in a chunk reaches the caller; concurrent callers both finish.
+#include "rtp_llm/cpp/cpu/work_pool.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace rtp_llm {
+namespace {
+
+TEST(WorkPool, EveryIndexOnceInRangesOfAtLeastTheGrain) {
+    omp_set_num_threads(3);
+    for (int64_t n : {1, 2, 7, 64, 1000, 4099}) {
+        for (int64_t grain : {1, 5, 256}) {
+            std::vector<std::atomic<int>> hits(n);
+            std::mutex mu;
+            std::vector<std::pair<int64_t, int64_t>> ranges;
+            parallel_for(10, 10 + n, grain, [&](int64_t b, int64_t e) {
+                for (int64_t i = b; i < e; ++i) hits[i - 10]++;
+                std::lock_guard<std::mutex> lk(mu);
+                ranges.emplace_back(b, e);
+            });
+            for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n=" << n << " i=" << i;
+            for (auto [b, e] : ranges) EXPECT_TRUE(e - b >= grain || e == 10 + n) << b << ".." << e;
+        }
+    }
+}
+
+TEST(WorkPool, UsesMoreThanOneThreadAndRunsNestedLoopsInline) {
+    omp_set_num_threads(2);
+    std::set<std::thread::id> ids;
+    std::mutex mu;
+    std::atomic<int64_t> inner{0};
+    for (int rep = 0; rep < 200 && ids.size() < 2; ++rep) {
+        parallel_for(0, 64, 1, [&](int64_t b, int64_t e) {
+            const auto outer = std::this_thread::get_id();
+            parallel_for(0, 100, 1, [&](int64_t ib, int64_t ie) {
+                EXPECT_EQ(std::this_thread::get_id(), outer);  // inline, not handed to another thread
+                inner += ie - ib;
+            });
+            std::this_thread::sleep_for(std::chrono::microseconds(50));
+            std::lock_guard<std::mutex> lk(mu);
+            ids.insert(outer);
+        });
+    }
+    EXPECT_EQ(ids.size(), 2u);
+    EXPECT_EQ(inner.load() % 100, 0);
+}
+
+TEST(WorkPool, AnExceptionInAChunkReachesTheCaller) {
+    omp_set_num_threads(2);
+    EXPECT_THROW(parallel_for(0, 100, 1,
+                              [](int64_t b, int64_t) {
+                                  if (b == 0) throw std::runtime_error("chunk failed");
+                              }),
+                 std::runtime_error);
+    std::atomic<int64_t> sum{0};  // the pool still works afterwards
+    parallel_for(0, 1000, 1, [&](int64_t b, int64_t e) { sum += e - b; });
+    EXPECT_EQ(sum.load(), 1000);
+}
+
+TEST(WorkPool, ConcurrentCallersBothFinish) {
+    omp_set_num_threads(2);
+    std::atomic<int64_t> a{0}, b{0};
+    std::thread other([&] {
+        for (int i = 0; i < 200; ++i) parallel_for(0, 500, 1, [&](int64_t s, int64_t e) { a += e - s; });
+    });
+    for (int i = 0; i < 200; ++i) parallel_for(0, 500, 1, [&](int64_t s, int64_t e) { b += e - s; });
+    other.join();
+    EXPECT_EQ(a.load(), 200 * 500);
+    EXPECT_EQ(b.load(), 200 * 500);
+}
+
+}  // namespace
+}  // namespace rtp_llm
