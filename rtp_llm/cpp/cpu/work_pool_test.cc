@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -38,14 +39,20 @@ TEST(WorkPool, UsesMoreThanOneThreadAndRunsNestedLoopsInline) {
     std::set<std::thread::id> ids;
     std::mutex mu;
     std::atomic<int64_t> inner{0};
-    for (int rep = 0; rep < 200 && ids.size() < 2; ++rep) {
+    // Until the worker has taken a chunk at least once (it must, within seconds, even on a loaded machine).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < deadline) {
+        {
+            std::lock_guard<std::mutex> lk(mu);
+            if (ids.size() >= 2) break;
+        }
         parallel_for(0, 64, 1, [&](int64_t b, int64_t e) {
             const auto outer = std::this_thread::get_id();
             parallel_for(0, 100, 1, [&](int64_t ib, int64_t ie) {
                 EXPECT_EQ(std::this_thread::get_id(), outer);  // inline, not handed to another thread
                 inner += ie - ib;
             });
-            std::this_thread::sleep_for(std::chrono::microseconds(50));
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
             std::lock_guard<std::mutex> lk(mu);
             ids.insert(outer);
         });
