@@ -34,7 +34,7 @@ void silu_mul_rows(const T* in, T* out, int64_t rows, int64_t inter) {
 #endif
             for (; i < inter; ++i) {
                 const float x = static_cast<float>(g[i]);
-                o[i] = static_cast<T>(vec::round_as<T>(x / (1.f + std::exp(-x))) * static_cast<float>(u[i]));
+                o[i] = vec::to<T>(vec::round_as<T>(x / (1.f + std::exp(-x))) * static_cast<float>(u[i]));
             }
         }
     });

@@ -43,7 +43,7 @@ inline void norm_row(const T* in, const T* w, float eps, int64_t n, T* out) {
     const float r = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i)
-        out[i] = static_cast<T>(static_cast<float>(w[i]) * vec::round_as<T>(static_cast<float>(in[i]) * r));
+        out[i] = vec::to<T>(static_cast<float>(w[i]) * vec::round_as<T>(static_cast<float>(in[i]) * r));
 }
 
 // Rows per task: 16, so that a decode step's 17-64 rows are shared by the threads (serial, a step's norms left
@@ -85,7 +85,7 @@ void add_rms_norm_rows(const at::Tensor& x, const at::Tensor& residual, const at
             T* s = sp + r * n;
 #pragma omp simd
             for (int64_t i = 0; i < n; ++i)
-                s[i] = static_cast<T>(static_cast<float>(xp[r * n + i]) + static_cast<float>(rp[r * n + i]));
+                s[i] = vec::to<T>(static_cast<float>(xp[r * n + i]) + static_cast<float>(rp[r * n + i]));
             norm_row<T>(s, wp, static_cast<float>(eps), n, op + r * n);
         }
     });
@@ -126,8 +126,8 @@ void rotate_one(at::Tensor& x, const T* cp, const T* sp) {
                     const float a = static_cast<float>(v[i]), bb = static_cast<float>(v[i + half]);
                     const float c0 = static_cast<float>(c[i]), c1 = static_cast<float>(c[i + half]);
                     const float s0 = static_cast<float>(s[i]), s1 = static_cast<float>(s[i + half]);
-                    v[i] = static_cast<T>(vec::round_as<T>(a * c0) + vec::round_as<T>(-bb * s0));
-                    v[i + half] = static_cast<T>(vec::round_as<T>(bb * c1) + vec::round_as<T>(a * s1));
+                    v[i] = vec::to<T>(vec::round_as<T>(a * c0) + vec::round_as<T>(-bb * s0));
+                    v[i + half] = vec::to<T>(vec::round_as<T>(bb * c1) + vec::round_as<T>(a * s1));
                 }
             }
         }
