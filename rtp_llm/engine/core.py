@@ -126,6 +126,11 @@ class EngineCore:
         rid, ids, params = request.request_id, request.prompt_token_ids, request.params
         if rid in self.requests:
             raise RequestRejected(f"request id {rid!r} is already in use")
+        for name in ("logprobs", "prompt_logprobs"):  # counts the input processor resolved (-1: all), or none
+            asked = getattr(params, name)
+            if asked is not None and not 0 <= asked <= self.vocab_size:
+                raise RequestRejected(f"{name}: {asked} is not a count of tokens in [0, {self.vocab_size}] (pass the "
+                                      f"request through InputProcessor.process, which resolves -1)", param=name)
         bs = self.block_size
         worst = -(-(len(ids) + params.max_tokens) // bs) + (params.n - 1) * (-(-params.max_tokens // bs) + 1)
         if worst > self.scheduler.manager.num_blocks - 1:

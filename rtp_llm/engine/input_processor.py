@@ -88,11 +88,14 @@ class InputProcessor:
             if asked is None:
                 continue
             count = self.vocab_size if asked == -1 else asked
+            if count > self.vocab_size:  # never clamped: the answer would hold fewer than asked
+                raise RequestRejected(f"{name}: {asked} exceeds the vocabulary ({self.vocab_size} tokens); -1 asks "
+                                      f"for all of it", param=name)
             if self.max_logprobs != -1 and count > self.max_logprobs:
                 what = "-1 (the whole vocabulary)" if asked == -1 else str(asked)
                 raise RequestRejected(f"{name}: {what} exceeds max_logprobs={self.max_logprobs} (the server's "
                                       f"--max_logprobs; -1 lifts the cap)", param=name)
-            setattr(params, name, min(count, self.vocab_size))  # -1 resolved: the engine sees a count
+            setattr(params, name, count)  # -1 resolved: the engine sees a count
         if params.structured_outputs is not None:  # a constraint that cannot compile is refused here, not in a step
             self.grammars.check(params.structured_outputs)
         if len(ids) + params.max_tokens > self.max_model_len:

@@ -26,7 +26,7 @@ from rtp_llm.server.metrics import Metrics
 from rtp_llm.server.middleware import AuthMiddleware, BodyLimitMiddleware
 from rtp_llm.server.chat_parsing import ChatOutputParser
 from rtp_llm.server.protocol import (BadText, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                     NativeRequest, TokenizeRequest, error_body)
+                                     FieldRule, NativeRequest, TokenizeRequest, error_body)
 from rtp_llm.tokenizer.reasoning_parser import THINK_END, THINK_START, ReasoningParser
 from rtp_llm.tokenizer.tool_parsers import ForcedCallParser, detect_tool_parser, forced_calls_schema, make_tool_parser
 
@@ -103,14 +103,20 @@ class Server:
             raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
 
-    async def submit(self, prompt, params: SamplingParams, rid: str, user: Optional[str] = None) -> RequestStream:
+    async def submit(self, prompt, params: SamplingParams, rid: str, user: Optional[str] = None,
+                     names: Optional[dict[str, str]] = None) -> RequestStream:
+        """names: the route's spelling of a SamplingParams field, for errors (chat says top_logprobs)."""
         try:
             stream = await self.engine.submit(prompt, params, rid)
             if user is not None:
                 self.users[rid] = user
             return stream
         except RequestRejected as exc:
-            raise APIError(400, str(exc), param=exc.param or "prompt") from None
+            param, message = exc.param or "prompt", str(exc)
+            if names and param in names:
+                message = message.replace(f"{param}:", f"{names[param]}:", 1)
+                param = names[param]
+            raise APIError(400, message, param=param) from None
         except QueueFullError as exc:
             raise APIError(503, str(exc), "server_overloaded", code="queue_full") from None
         except EngineDeadError as exc:
@@ -291,6 +297,8 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
         cause = (first.get("ctx") or {}).get("error")
         if isinstance(cause, BadText):
             return _error(400, str(cause), param=cause.path or None, code="invalid_text")
+        if isinstance(cause, FieldRule):
+            return _error(400, f"{cause.param}: {cause}", param=cause.param)
         if first.get("type") == "extra_forbidden":
             return _error(400, f"{field}: this server does not implement this field (remove it from the request)",
                           param=field, code="unsupported_parameter")
@@ -380,7 +388,7 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
             params.structured_outputs.after_token_ids = tuple(srv.think_end_ids)  # constrain the answer only
         parser = _parser_factory(srv, req, choice, closed)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = await srv.submit(ids, params, rid, req.user)
+        stream = await srv.submit(ids, params, rid, req.user, names={"logprobs": "top_logprobs"})
         created = int(time.time())
         if req.stream:
             return StreamingResponse(srv.watched(_chat_stream(srv, stream, rid, created, req, parser, len(ids)),

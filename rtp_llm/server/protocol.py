@@ -31,6 +31,15 @@ class BadText(ValueError):
         self.path = path
 
 
+class FieldRule(ValueError):
+    """A rule between fields broken (checked on the whole request, so pydantic gives it no location): `param` is
+    the field the client should change, reported as the error's param."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
 def _check_text(value, path: str = "") -> None:
     if isinstance(value, str):
         try:
@@ -234,19 +243,19 @@ class _Sampling(_Request):
     @model_validator(mode="after")
     def _token_ids_spelling(self):
         if self.return_tokens_as_token_ids and (self.logprobs is None or self.logprobs is False):  # 0 asks
-            raise ValueError("return_tokens_as_token_ids spells the tokens of logprobs: it needs logprobs")
+            raise FieldRule("return_tokens_as_token_ids", "return_tokens_as_token_ids spells the tokens of logprobs: it needs logprobs")
         return self
 
     @model_validator(mode="after")
     def _prompt_logprobs(self):
         if self.prompt_logprobs is not None and self.stream:
-            raise ValueError("prompt_logprobs is not available with stream=true (as in vLLM)")
+            raise FieldRule("prompt_logprobs", "prompt_logprobs is not available with stream=true (as in vLLM)")
         return self
 
     @model_validator(mode="after")
     def _stream_options(self):
         if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed with stream=true")
+            raise FieldRule("stream_options", "stream_options is only allowed with stream=true")
         return self
 
     @model_validator(mode="after")
@@ -254,7 +263,7 @@ class _Sampling(_Request):
         used = [f for f in STRUCTURED_FIELDS if getattr(self, f) is not None
                 and not (f == "response_format" and self.response_format.type == "text")]
         if len(used) > 1:
-            raise ValueError(f"give at most one of {', '.join(used)}")
+            raise FieldRule(used[1], f"give at most one of {', '.join(used)}")
         return self
 
     def structured(self) -> tuple[Optional[dict], Optional[str]]:
@@ -325,33 +334,33 @@ class ChatCompletionRequest(_Sampling):
     @model_validator(mode="after")
     def _continue(self):
         if self.continue_final_message and self.add_generation_prompt:
-            raise ValueError("continue_final_message and add_generation_prompt cannot both be true (set "
+            raise FieldRule("continue_final_message", "continue_final_message and add_generation_prompt cannot both be true (set "
                              "add_generation_prompt=false to continue the last message)")
         if self.echo and self.messages[-1].role != "assistant":
-            raise ValueError("echo repeats the last message when it is the assistant's being continued; the last "
+            raise FieldRule("echo", "echo repeats the last message when it is the assistant's being continued; the last "
                              f"message here is {self.messages[-1].role!r}")
         return self
 
     @model_validator(mode="after")
     def _logprobs(self):
         if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs=true")
+            raise FieldRule("top_logprobs", "top_logprobs needs logprobs=true")
         return self
 
     @model_validator(mode="after")
     def _tools(self):
         names = [t.function.name for t in self.tools or []]
         if len(set(names)) != len(names):
-            raise ValueError("tools: two functions have the same name")
+            raise FieldRule("tools", "tools: two functions have the same name")
         choice = self.tool_choice
         if choice not in (None, "none") and not names:
-            raise ValueError("tool_choice needs tools")
+            raise FieldRule("tool_choice", "tool_choice needs tools")
         if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
-            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not among the tools")
+            raise FieldRule("tool_choice", f"tool_choice names {choice.function.name!r}, which is not among the tools")
         if isinstance(choice, NamedToolChoice) or choice == "required":
             used = self.structured()[1]
             if used is not None:
-                raise ValueError(f"tool_choice {'required' if choice == 'required' else 'naming a function'} "
+                raise FieldRule("tool_choice", f"tool_choice {'required' if choice == 'required' else 'naming a function'} "
                                  f"constrains the answer; it cannot be combined with {used}")
         return self
 
@@ -442,10 +451,13 @@ class TokenizeRequest(_Request):
     @model_validator(mode="after")
     def _one(self):
         if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of prompt or messages")
+            raise FieldRule("prompt" if self.prompt is not None else "messages",
+                            "give exactly one of prompt or messages")
         if self.messages is None and (self.tools is not None or self.chat_template_kwargs is not None
                                       or self.add_generation_prompt is not None):
-            raise ValueError("tools, chat_template_kwargs and add_generation_prompt go with messages")
+            raise FieldRule(next(f for f in ("tools", "chat_template_kwargs", "add_generation_prompt")
+                                 if getattr(self, f) is not None),
+                            "tools, chat_template_kwargs and add_generation_prompt go with messages")
         return self
 
 

@@ -31,7 +31,9 @@ def _workload(vocab: int):
     # A cached 3-block prefix (block size 4) on the second arrival, and n=2 seeded sampling (forked blocks, CoW).
     arrivals += [(0, "prefix-a", shared + [5, 6], greedy(8)), (6, "prefix-b", shared + [7, 8, 9], greedy(8)),
                  (2, "sampled", prompts[1][:6], SamplingParams(max_tokens=12, temperature=0.8, top_k=50, seed=7,
-                                                               n=2, ignore_eos=True, logprobs=1))]
+                                                               n=2, ignore_eos=True, logprobs=1)),
+                 # every prompt row's logits (LOGITS_ALL in the step message), in chunks of 7
+                 (1, "prompt-lp", prompts[2], greedy(4, prompt_logprobs=2))]
     return prompts, arrivals
 
 
@@ -65,6 +67,10 @@ def test_tp_matches_tp1_and_transformers(tmp_path, variant, tp):
                 lp_a = torch.tensor([x.logprob for x in a.logprobs])
                 lp_b = torch.tensor([x.logprob for x in b.logprobs])
                 torch.testing.assert_close(lp_b, lp_a, atol=1e-4, rtol=0)
+    lp_a, lp_b = ref["prompt-lp"].prompt_logprobs, got["prompt-lp"].prompt_logprobs
+    assert len(lp_b) == len(prompts[2]) and lp_b[0] is None
+    torch.testing.assert_close(torch.tensor([x.logprob for x in lp_b[1:]]), torch.tensor([x.logprob for x in lp_a[1:]]),
+                               atol=1e-4, rtol=0)
     for i, p in enumerate(prompts):  # and the greedy ones are what transformers generates
         with torch.no_grad():
             out = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),

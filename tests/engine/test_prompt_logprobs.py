@@ -110,3 +110,15 @@ def test_whole_vocabulary_and_the_cap(tiny):
             capped.add_request("r", PROMPT, greedy(2, **{field: value}))
         assert info.value.param == field
     assert capped.stats()["waiting"] == 0
+
+
+def test_the_core_refuses_an_unresolved_count(tiny):
+    """-1 is resolved by the input processor; a request that skips it is refused by name, not run without logprobs."""
+    from rtp_llm.engine.protocol import EngineRequest
+
+    core = tiny.engine().core
+    for field in ("logprobs", "prompt_logprobs"):
+        with pytest.raises(RequestRejected, match=f"{field}: -1 is not a count") as info:
+            core.add_request(EngineRequest(f"r-{field}", PROMPT, greedy(2, **{field: -1})))
+        assert info.value.param == field
+    assert not core.has_unfinished()

@@ -20,10 +20,15 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
      "does not implement"),
     (CHAT, {"messages": MSGS, "structured_outputs": {"regex": "[a-z]+", "disable_any_whitespace": True}},
      "structured_outputs", "disable_any_whitespace applies to json"),
-    (CHAT, {"messages": MSGS, "echo": True}, None, "echo repeats the last message"),
-    (CHAT, {"messages": MSGS, "return_tokens_as_token_ids": True}, None, "needs logprobs"),
-    (CMPL, {"prompt": "Hi", "return_tokens_as_token_ids": True}, None, "needs logprobs"),
-    ("/tokenize", {"prompt": "Hi", "add_generation_prompt": False}, None, "go with messages"),
+    (CHAT, {"messages": MSGS, "echo": True}, "echo", "echo repeats the last message"),
+    (CHAT, {"messages": MSGS, "return_tokens_as_token_ids": True}, "return_tokens_as_token_ids", "needs logprobs"),
+    (CMPL, {"prompt": "Hi", "return_tokens_as_token_ids": True}, "return_tokens_as_token_ids", "needs logprobs"),
+    ("/tokenize", {"prompt": "Hi", "add_generation_prompt": False}, "add_generation_prompt", "go with messages"),
+    ("/tokenize", {"prompt": "Hi", "messages": MSGS}, "prompt", "exactly one of prompt or messages"),
+    (CHAT, {"messages": MSGS, "top_logprobs": 3}, "top_logprobs", "needs logprobs=true"),
+    (CMPL, {"prompt": "Hi", "stream_options": {"include_usage": True}}, "stream_options", "only allowed with stream"),
+    (CHAT, {"messages": MSGS + [{"role": "assistant", "content": "A"}], "continue_final_message": True},
+     "continue_final_message", "cannot both be true"),
     (CHAT, {"messages": MSGS, "tools": [{"type": "function", "function": {
         "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": 5}}}}}]},
      "tools.0.function.parameters", "not a valid JSON schema"),
@@ -33,8 +38,7 @@ def test_a_field_that_would_do_nothing_is_a_400_naming_it(server, path, body, pa
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert words in err["message"], err
-    if param:
-        assert err["param"] == param
+    assert err["param"] == param  # the field to change, never only in the message
 
 
 def test_the_dependent_fields_work_where_they_apply(server):

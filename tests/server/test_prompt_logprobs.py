@@ -143,7 +143,8 @@ def test_minus_one_is_the_whole_vocabulary(client):
     ({"prompt": "Hi", "prompt_logprobs": -1}, "prompt_logprobs"),
     ({"prompt": "Hi", "logprobs": -1}, "logprobs"),
     ({"prompt": "Hi", "logprobs": 21}, "logprobs"),
-    ({"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 21}, "logprobs"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": -1}, "top_logprobs"),
 ])
 def test_the_cap_is_a_400_naming_the_field(capped, body, field):
     route = "/v1/chat/completions" if "messages" in body else "/v1/completions"
@@ -162,4 +163,20 @@ def test_prompt_logprobs_refused_where_vllm_refuses_them(capped, body):
     route = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     r = httpx.post(capped.url + route, json={"model": "tiny", "max_tokens": 2, **body}, timeout=60)
     assert r.status_code == 400, r.text
-    assert "prompt_logprobs" in r.json()["error"]["message"]
+    err = r.json()["error"]
+    assert err["param"] == "prompt_logprobs" and "prompt_logprobs" in err["message"]
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"prompt": "Hi", "logprobs": 49153}, "logprobs"),
+    ({"prompt": "Hi there", "prompt_logprobs": 100000}, "prompt_logprobs"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 100000}, "top_logprobs"),
+])
+def test_more_than_the_vocabulary_is_a_400_not_a_clamp(srv, body, field):
+    """Without a cap, a count above the vocabulary is refused: an answer holding fewer than asked would be a silent
+    change of what the client asked for."""
+    route = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    r = httpx.post(srv.url + route, json={"model": "tiny", "max_tokens": 2, **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == field and "exceeds the vocabulary (49152 tokens)" in err["message"]

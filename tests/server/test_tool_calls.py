@@ -213,11 +213,12 @@ def test_a_conversation_with_tool_results_renders_as_transformers_does(tools_ser
 
 
 @pytest.mark.parametrize("body,param,words", [
-    ({"tool_choice": "required"}, None, "tool_choice needs tools"),
-    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, None, "not among the tools"),
-    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, None,
+    ({"tool_choice": "required"}, "tool_choice", "tool_choice needs tools"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "not among the tools"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
      "cannot be combined"),
-    ({"tools": TOOLS + TOOLS[:1]}, None, "same name"),
+    ({"tools": TOOLS + TOOLS[:1]}, "tools", "same name"),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name", "pattern"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}],
       "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tools.0.function.parameters", "objekt"),
@@ -229,8 +230,7 @@ def test_bad_tool_requests_are_400s(tools_server, body, param, words):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert words in err["message"]
-    if param:
-        assert err["param"] == param
+    assert err["param"] == param
 
 
 def test_auto_needs_a_parser(server):

@@ -65,3 +65,23 @@ def test_a_request_is_the_same_alone_and_in_any_batch_on_the_npu(model, tok, mod
     got = run_all(eng, [(0, "t", TARGET, params(mode))] + edge)["t"]
     assert eng.scheduler.num_preemptions > 0
     assert signature(got) == alone, "preempted"
+
+
+def test_prompt_logprobs_on_the_npu(model, tok):  # noqa: F811 (the fixture)
+    """Every prompt row's logits on the NPU path: complete, the same whatever the chunking, within bf16 rounding of
+    transformers in bf16."""
+    import torch
+
+    from transformers import AutoModelForCausalLM
+
+    sp = SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=2)
+    runs = [run_all(engine(model, tok, "npu", max_prefill_chunk=c), [(0, "a", TARGET, sp)])["a"] for c in (None, 16)]
+    entries = [[(x.token_id, x.logprob, tuple(x.top)) for x in r.prompt_logprobs[1:]] for r in runs]
+    assert runs[0].prompt_logprobs[0] is None and len(entries[0]) == len(TARGET) - 1
+    assert entries[0] == entries[1]
+    hf = AutoModelForCausalLM.from_pretrained(str(model), torch_dtype=torch.bfloat16)
+    with torch.no_grad():
+        ref = hf(torch.tensor([TARGET])).logits[0].float().log_softmax(-1)
+    got = torch.tensor([e[1] for e in entries[0]])
+    want = ref[torch.arange(len(TARGET) - 1), torch.tensor(TARGET[1:])]
+    torch.testing.assert_close(got, want, atol=0.05, rtol=0)  # bf16: ~2^-8 of logits near 10
