@@ -35,6 +35,7 @@ RTP_AVX512 inline void dot_block(const T* w, const float* x, int64_t k, float* o
     constexpr int kAcc = M * G;
     const int64_t ahead = kPrefetchRows * k;
     __m512 acc[(kAcc + 7) / 8 * 8];  // padded with zeros to whole groups of 8 for reduce8
+#pragma GCC unroll 32  // kept in registers, not a memset of a stack copy (see paged_attention_avx512.cc)
     for (int a = 0; a < (kAcc + 7) / 8 * 8; ++a) acc[a] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= k; i += 16) {

@@ -31,6 +31,9 @@ constexpr int kHeadsPerPass = 3;
 template <int NT, int NH, typename T>
 RTP_AVX512 inline void score_tile(const T* const* rows, const float* q, int64_t dim, float* out, int64_t len) {
     __m512 acc[NH * NT];
+    // Unrolled so that GCC keeps acc in registers: as a loop it becomes a memset of a stack copy (rep stos),
+    // a fifth of this function's time.
+#pragma GCC unroll 24
     for (int a = 0; a < NH * NT; ++a) acc[a] = _mm512_setzero_ps();
     for (int64_t d = 0; d < dim; d += 16) {
         __m512 qv[NH];

@@ -52,13 +52,19 @@ class Pool {
         std::unique_lock<std::mutex> running(run_mu_, std::try_to_lock);
         if (!running.owns_lock()) return false;
         grow(workers);
-        fn_.store(&fn, std::memory_order_relaxed);
-        begin_.store(begin, std::memory_order_relaxed);
-        end_.store(end, std::memory_order_relaxed);
-        chunk_.store(chunk, std::memory_order_relaxed);
-        chunks_.store(chunks, std::memory_order_relaxed);
-        workers_.store(workers, std::memory_order_relaxed);
-        done_.store(0, std::memory_order_relaxed);
+        // The last loop closed before its fields change: a worker still holding that loop's final claim word
+        // could otherwise read this loop's larger chunk count, pass the bounds check and win the claim before the
+        // new generation is published, running a chunk past the old loop's end (a chunk run twice, and run after
+        // its caller returned). Closed, that claim word can no longer be won; and a worker that reads any field
+        // below (release / acquire) also sees the close.
+        claim_.store((gen_ << 32) | kIndexMask, std::memory_order_seq_cst);
+        fn_.store(&fn, std::memory_order_release);
+        begin_.store(begin, std::memory_order_release);
+        end_.store(end, std::memory_order_release);
+        chunk_.store(chunk, std::memory_order_release);
+        chunks_.store(chunks, std::memory_order_release);
+        workers_.store(workers, std::memory_order_release);
+        done_.store(0, std::memory_order_release);
         error_ = nullptr;
         ++gen_;
         claim_.store(gen_ << 32, std::memory_order_seq_cst);  // publishes the fields above
@@ -80,10 +86,10 @@ class Pool {
     // Claims chunk `c`'s index if it is still this generation's next one, runs it; false when none is left.
     bool claim_and_run(uint64_t c) {
         const int64_t index = static_cast<int64_t>(c & kIndexMask);
-        if (index >= chunks_.load(std::memory_order_relaxed)) return false;
-        const Fn* fn = fn_.load(std::memory_order_relaxed);
-        const int64_t b = begin_.load(std::memory_order_relaxed) + index * chunk_.load(std::memory_order_relaxed);
-        const int64_t e = std::min(end_.load(std::memory_order_relaxed), b + chunk_.load(std::memory_order_relaxed));
+        if (index >= chunks_.load(std::memory_order_acquire)) return false;
+        const Fn* fn = fn_.load(std::memory_order_acquire);
+        const int64_t b = begin_.load(std::memory_order_acquire) + index * chunk_.load(std::memory_order_acquire);
+        const int64_t e = std::min(end_.load(std::memory_order_acquire), b + chunk_.load(std::memory_order_acquire));
         // A newer loop, or another thread took this chunk: the fields read above may be stale, so nothing runs.
         if (!claim_.compare_exchange_strong(c, c + 1, std::memory_order_acq_rel)) return true;
         try {
@@ -143,7 +149,7 @@ class Pool {
         sleepers_.fetch_sub(1, std::memory_order_relaxed);
     }
 
-    std::atomic<uint64_t> claim_{0};  // generation << 32 | the next unclaimed chunk
+    std::atomic<uint64_t> claim_{0};  // generation << 32 | the next unclaimed chunk (kIndexMask: closed)
     std::atomic<const Fn*> fn_{nullptr};
     std::atomic<int64_t> begin_{0}, end_{0}, chunk_{1}, chunks_{0}, done_{0};
     std::atomic<int> workers_{0}, sleepers_{0};

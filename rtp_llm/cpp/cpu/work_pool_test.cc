@@ -1,5 +1,6 @@
 // rtp_llm::parallel_for: every index runs exactly once, in ranges of at least `grain`, on several threads; a
-// loop inside a chunk runs inline; an exception in a chunk reaches the caller; concurrent callers both finish.
+// loop inside a chunk runs inline; an exception in a chunk reaches the caller; concurrent callers both finish;
+// back-to-back loops of different sizes never run a chunk twice or after their call returned.
 #include "rtp_llm/cpp/cpu/work_pool.h"
 
 #include <gtest/gtest.h>
@@ -83,6 +84,41 @@ TEST(WorkPool, ConcurrentCallersBothFinish) {
     other.join();
     EXPECT_EQ(a.load(), 200 * 500);
     EXPECT_EQ(b.load(), 200 * 500);
+}
+
+// Loops of 2 and then 6 chunks back to back, more threads than cores: a worker that read the last claim of one
+// loop and the next loop's larger chunk count before the next loop was published once claimed a chunk past the
+// end of the finished loop, ran a chunk twice and let its caller return while it still ran (a segfault in the
+// engine when the chunk read the caller's freed locals). Each loop's record outlives the test, so such a chunk is
+// counted, not a crash.
+TEST(WorkPool, BackToBackLoopsOfDifferentSizesRunEachChunkOnceAndInTime) {
+    omp_set_num_threads(3);
+    struct Record {
+        std::atomic<bool> live{false};
+        std::atomic<int> hits[6] = {};
+    };
+    constexpr int kLoops = 300000;
+    std::vector<Record> records(kLoops);
+    std::atomic<int64_t> late{0};
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    int loops = 0;
+    for (; loops < kLoops && std::chrono::steady_clock::now() < deadline; ++loops) {
+        Record& r = records[loops];
+        const int64_t n = loops % 2 ? 6 : 2;
+        r.live = true;
+        parallel_for(0, n, 1, [&r, &late](int64_t b, int64_t e) {
+            if (!r.live.load()) ++late;
+            for (int64_t i = b; i < e; ++i) r.hits[i]++;
+        });
+        r.live = false;
+    }
+    // chunks still running late finish within this pause
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_EQ(late.load(), 0) << "chunks ran after their parallel_for returned";
+    int64_t wrong = 0;
+    for (int l = 0; l < loops; ++l)
+        for (int i = 0; i < (l % 2 ? 6 : 2); ++i) wrong += records[l].hits[i].load() != 1;
+    EXPECT_EQ(wrong, 0) << "indexes not run exactly once, over " << loops << " loops";
 }
 
 }  // namespace
