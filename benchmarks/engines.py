@@ -91,6 +91,17 @@ class Transformers:
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def peer_environ() -> dict:
+    """The environment as the user gave it: what rtp_llm set for its own process (OMP_WAIT_POLICY) is not passed
+    on to peers, which run as their own defaults and documentation say."""
+    import rtp_llm
+
+    env = dict(os.environ)
+    if rtp_llm.OMP_PASSIVE_SET:
+        env.pop("OMP_WAIT_POLICY", None)
+    return env
+
+
 def vllm_environment() -> tuple[str, dict]:
     """(the vLLM venv's python, the environment to run vLLM in): tcmalloc and the venv's Intel OpenMP
     preloaded, OpenMP threads bound to every core (by default vLLM keeps one core for itself), 1 GiB KV."""
@@ -100,7 +111,7 @@ def vllm_environment() -> tuple[str, dict]:
         raise SystemExit(f"no vLLM venv at {venv}: run `bash benchmarks/peers/setup_vllm.sh` first")
     preload = [p for p in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
                            os.path.join(venv, "lib", "libiomp5.so")) if os.path.exists(p)]
-    env = dict(os.environ, LD_PRELOAD=":".join(preload), VLLM_CPU_KVCACHE_SPACE="1",
+    env = dict(peer_environ(), LD_PRELOAD=":".join(preload), VLLM_CPU_KVCACHE_SPACE="1",
                VLLM_CPU_OMP_THREADS_BIND=f"0-{(os.cpu_count() or 1) - 1}")
     env.pop("PYTHONPATH", None)  # nothing of rtp_llm's environment leaks into the peer
     return python, env
@@ -155,7 +166,7 @@ class RtpLLMCheckout(PipePeer):
         root = os.path.abspath(path)
         if not os.path.exists(os.path.join(root, "rtp_llm", "_C.so")):
             raise SystemExit(f"{root} is not a built rtp-llm checkout (no rtp_llm/_C.so: run scripts/setup.sh there)")
-        env = dict(os.environ, PYTHONPATH=root)
+        env = dict(peer_environ(), PYTHONPATH=root)
         super().__init__([sys.executable, os.path.join(_ROOT, "benchmarks", "peers", "rtp_llm_peer.py"), "--dtype",
                           dtype], env)
 
@@ -187,7 +198,7 @@ class LlamaCpp(PipePeer):
         python = os.path.join(d, "bin", "python")
         if not (os.path.exists(python) and os.path.exists(model)):
             raise SystemExit(f"no llama.cpp peer at {d}: run `bash benchmarks/peers/setup_llamacpp.sh` first")
-        env = dict(os.environ, LLAMA_CPP_LIB_PATH=os.path.join(d, "build", "bin"))
+        env = dict(peer_environ(), LLAMA_CPP_LIB_PATH=os.path.join(d, "build", "bin"))
         env.pop("PYTHONPATH", None)
         super().__init__([python, os.path.join(_ROOT, "benchmarks", "peers", "llamacpp_peer.py"), model,
                           "--threads", str(os.cpu_count() or 1)], env)
