@@ -13,7 +13,7 @@ import os
 import statistics
 import subprocess
 
-from benchmarks.engines import RtpLLM, RtpLLMDequantized
+from benchmarks.engines import RtpLLM, RtpLLMDequantized, peer_environ
 from benchmarks.workloads import WORKLOADS
 from rtp_llm.models.default_model import default_model_path
 
@@ -35,7 +35,7 @@ def main() -> None:
     tpot = {k: [] for k in ["llama.cpp tg128"] + list(engines)}
     for r in range(args.rounds):
         out = subprocess.run([args.llama_bench, "-m", gguf, "-t", "2", "-p", "0", "-n", str(w.new_tokens), "-r", "1",
-                              "-o", "json"], capture_output=True, text=True, check=True).stdout
+                              "-o", "json"], capture_output=True, text=True, check=True, env=peer_environ()).stdout
         tpot["llama.cpp tg128"].append(1000.0 / json.loads(out)[0]["avg_ts"])
         for name, e in engines.items():
             _, total, extra = e.run(prompts, w.new_tokens)
