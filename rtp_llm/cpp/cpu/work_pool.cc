@@ -37,6 +37,7 @@ constexpr auto kContendedSpin = std::chrono::microseconds(20);
 constexpr auto kStall = std::chrono::microseconds(500);
 constexpr auto kContendedFor = std::chrono::seconds(1);
 constexpr uint64_t kIndexMask = 0xffffffffull;
+constexpr int64_t kMaxChunks = 256;  // beyond it (hundreds of threads) the last chunk takes the rest
 
 thread_local bool t_in_pool = false;  // a chunk's own parallel_for runs inline
 
@@ -48,7 +49,8 @@ class Pool {
     }
 
     // false: another thread is using the pool (the caller then runs the loop itself).
-    bool run(int64_t begin, int64_t end, int64_t chunk, int64_t chunks, int workers, const Fn& fn) {
+    // bounds[0..chunks]: the chunks' edges, ascending.
+    bool run(const int64_t* bounds, int64_t chunks, int workers, const Fn& fn) {
         std::unique_lock<std::mutex> running(run_mu_, std::try_to_lock);
         if (!running.owns_lock()) return false;
         grow(workers);
@@ -59,9 +61,7 @@ class Pool {
         // below (release / acquire) also sees the close.
         claim_.store((gen_ << 32) | kIndexMask, std::memory_order_seq_cst);
         fn_.store(&fn, std::memory_order_release);
-        begin_.store(begin, std::memory_order_release);
-        end_.store(end, std::memory_order_release);
-        chunk_.store(chunk, std::memory_order_release);
+        for (int64_t i = 0; i <= chunks; ++i) bounds_[i].store(bounds[i], std::memory_order_release);
         chunks_.store(chunks, std::memory_order_release);
         workers_.store(workers, std::memory_order_release);
         done_.store(0, std::memory_order_release);
@@ -88,8 +88,8 @@ class Pool {
         const int64_t index = static_cast<int64_t>(c & kIndexMask);
         if (index >= chunks_.load(std::memory_order_acquire)) return false;
         const Fn* fn = fn_.load(std::memory_order_acquire);
-        const int64_t b = begin_.load(std::memory_order_acquire) + index * chunk_.load(std::memory_order_acquire);
-        const int64_t e = std::min(end_.load(std::memory_order_acquire), b + chunk_.load(std::memory_order_acquire));
+        const int64_t b = bounds_[index].load(std::memory_order_acquire);
+        const int64_t e = bounds_[index + 1].load(std::memory_order_acquire);
         // A newer loop, or another thread took this chunk: the fields read above may be stale, so nothing runs.
         if (!claim_.compare_exchange_strong(c, c + 1, std::memory_order_acq_rel)) return true;
         try {
@@ -151,7 +151,7 @@ class Pool {
 
     std::atomic<uint64_t> claim_{0};  // generation << 32 | the next unclaimed chunk (kIndexMask: closed)
     std::atomic<const Fn*> fn_{nullptr};
-    std::atomic<int64_t> begin_{0}, end_{0}, chunk_{1}, chunks_{0}, done_{0};
+    std::atomic<int64_t> bounds_[kMaxChunks + 1] = {}, chunks_{0}, done_{0};
     std::atomic<int> workers_{0}, sleepers_{0};
     std::atomic<Clock::rep> contended_until_{0};
     uint64_t gen_ = 0;
@@ -170,9 +170,19 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const Fn& fn) {
     // The thread count torch.set_num_threads sets (ATen on OpenMP reads the same setting).
     const int threads = t_in_pool ? 1 : omp_get_max_threads();
     if (threads <= 1 || n <= grain) return fn(begin, end);
+    // Equal chunks until two are left, then halves (at least `grain`): the loop ends on small pieces, so the thread
+    // that finishes first waits for a small piece rather than a whole chunk, and only the tail pays extra claims.
     const int64_t chunk = std::max(grain, (n + threads * kChunksPerThread - 1) / (threads * kChunksPerThread));
-    const int64_t chunks = (n + chunk - 1) / chunk;
-    if (chunks == 1 || !Pool::instance().run(begin, end, chunk, chunks, threads - 1, fn)) fn(begin, end);
+    int64_t bounds[kMaxChunks + 1];
+    int64_t chunks = 0;
+    bounds[0] = begin;
+    for (int64_t left = n; left > 0; ++chunks) {
+        const int64_t piece = left > 2 * chunk ? chunk : std::max(grain, (left + 1) / 2);
+        const int64_t size = chunks + 1 == kMaxChunks ? left : std::min(left, piece);
+        bounds[chunks + 1] = bounds[chunks] + size;
+        left -= size;
+    }
+    if (chunks == 1 || !Pool::instance().run(bounds, chunks, threads - 1, fn)) fn(begin, end);
 }
 
 }  // namespace rtp_llm

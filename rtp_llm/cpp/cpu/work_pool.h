@@ -3,11 +3,11 @@
 // Why not at::parallel_for (OpenMP): it splits the range statically, one piece per thread, and every region ends
 // at a barrier that waits for every thread. When a co-tenant takes a core, the thread on it is descheduled for
 // whole time slices (milliseconds) and each of the step's hundreds of regions waits for it: the engine ran at a
-// quarter of its speed while losing a quarter of the CPU. Here the range is cut into several chunks per thread,
-// claimed one at a time from a shared counter by the caller and by the pool's workers; the caller returns once
-// every chunk is done, waiting only for chunks a worker has started, never for a worker that has not shown up.
-// So a thread that loses its core hands its share to the others, and the loop slows in proportion to the CPU
-// lost.
+// quarter of its speed while losing a quarter of the CPU. Here the range is cut into chunks (two per thread, the
+// last two halved down to the grain so that threads finish close together), claimed one at a time from a shared
+// counter by the caller and by the pool's workers; the caller returns once every chunk is done, waiting only for
+// chunks a worker has started, never for a worker that has not shown up. So a thread that loses its core hands
+// its share to the others; what it cannot hand over is a chunk it holds while descheduled.
 //
 // fn(b, e) gets disjoint ranges covering [begin, end), each at least `grain` long but the last; which thread runs
 // a range varies from call to call, so a kernel's results must not depend on it (none here do: every output

@@ -1,11 +1,12 @@
-// rtp_llm::parallel_for: every index runs exactly once, in ranges of at least `grain`, on several threads; a
-// loop inside a chunk runs inline; an exception in a chunk reaches the caller; concurrent callers both finish;
-// back-to-back loops of different sizes never run a chunk twice or after their call returned.
+// rtp_llm::parallel_for: every index runs exactly once, in ranges of at least `grain`, ending on pieces of the grain,
+// on several threads; a loop inside a chunk runs inline; an exception in a chunk reaches the caller; concurrent
+// callers both finish; back-to-back loops of different sizes never run a chunk twice or after their call returned.
 #include "rtp_llm/cpp/cpu/work_pool.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -31,6 +32,27 @@ TEST(WorkPool, EveryIndexOnceInRangesOfAtLeastTheGrain) {
             });
             for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n=" << n << " i=" << i;
             for (auto [b, e] : ranges) EXPECT_TRUE(e - b >= grain || e == 10 + n) << b << ".." << e;
+        }
+    }
+}
+
+// The thread that finishes first waits for the others' last pieces: those are the grain, not a whole chunk.
+TEST(WorkPool, TheLoopEndsOnPiecesOfTheGrain) {
+    omp_set_num_threads(3);
+    for (int64_t n : {1000, 4099}) {
+        for (int64_t grain : {1, 5}) {
+            std::mutex mu;
+            std::vector<std::pair<int64_t, int64_t>> ranges;
+            parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
+                std::lock_guard<std::mutex> lk(mu);
+                ranges.emplace_back(b, e);
+            });
+            std::sort(ranges.begin(), ranges.end());
+            ASSERT_GE(ranges.size(), 8u);
+            EXPECT_LE(ranges.back().second - ranges.back().first, grain) << "n=" << n;
+            // the first pieces stay whole chunks (n / (2 per thread)), so most of the loop pays one claim per chunk
+            EXPECT_GE(ranges.front().second - ranges.front().first, n / 6) << "n=" << n;
+            EXPECT_LE(ranges.size(), 32u) << "n=" << n;
         }
     }
 }
