@@ -31,6 +31,7 @@ from rtp_llm.engine.scheduler import Scheduler, SchedulerOutput
 from rtp_llm.engine.sequence import FinishReason, Request, Sequence, SeqState
 from rtp_llm.errors import QueueFullError, RequestRejected, TPWorkerError
 from rtp_llm.models.default_model import with_default_model
+from rtp_llm.models.gguf_reader import shared_gguf_files
 from rtp_llm.sampling.grammar import GrammarCompiler
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,10 @@ class EngineCore:
         self.device.validate_block_size(self.block_size)
         self.model_path = config.model
         self.tp_runtime = None
+        with shared_gguf_files():  # a GGUF's metadata parsed once for the config, plan, weights and tokenizer
+            self._load(config, model, model_config, tokenizer)
+
+    def _load(self, config: EngineConfig, model, model_config, tokenizer) -> None:
         if config.tp_size > 1:
             if model is not None:
                 raise ValueError("tp_size > 1 loads its own weight slices on every rank; do not pass a model")

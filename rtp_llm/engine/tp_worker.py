@@ -44,6 +44,7 @@ def run_worker(config: EngineConfig, env: LaunchEnv) -> int:
     from rtp_llm.device import get_device
     from rtp_llm.engine.model_runner import ModelRunner
     from rtp_llm.models.default_model import with_default_model
+    from rtp_llm.models.gguf_reader import shared_gguf_files
     from rtp_llm.models.registry import load_engine_model
 
     config = with_default_model(config)  # torchrun-style ranks start from the command line, as rank 0 does
@@ -53,7 +54,8 @@ def run_worker(config: EngineConfig, env: LaunchEnv) -> int:
     try:
         block_size = config.block_size or device.default_block_size
         device.validate_block_size(block_size)
-        model, cfg = load_engine_model(config, device, tp)
+        with shared_gguf_files():  # a GGUF's metadata parsed once for the config and the weights
+            model, cfg = load_engine_model(config, device, tp)
         num_blocks = tp.all_reduce_min(kv_cache_blocks(config, device, cfg.num_layers, block_size,
                                                        model.shard.num_kv_heads, cfg.head_dim, model.dtype))
         runner = ModelRunner(model, cfg, num_blocks, block_size, device, config.attention_backend, tp)

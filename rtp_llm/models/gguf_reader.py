@@ -8,7 +8,10 @@ applies RoPE as the Hugging Face models do (rotate-half). Qwen2/Qwen3 files are 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import threading
 from typing import Any, Iterator
 
 import numpy as np
@@ -96,6 +99,35 @@ class GGUFFile:
             if not arr.flags.writeable or not arr.flags.c_contiguous:  # F32 tensors are read-only mmap views
                 arr = np.array(arr, dtype=np.float32, order="C")
             yield name, torch.from_numpy(arr)
+
+
+_shared = threading.local()
+
+
+@contextlib.contextmanager
+def shared_gguf_files() -> Iterator[None]:
+    """Within it, open_gguf parses each file once. The gguf package parses a file's whole metadata up front, ~10 s for a
+    Qwen vocabulary's 150k tokens and merges, and loading a model opens its file for the config, the memory plan, the
+    weights and the tokenizer. Outside it nothing is kept: a kept reader would keep the file's pages mapped."""
+    outer = getattr(_shared, "files", None)
+    if outer is None:
+        _shared.files = {}
+    try:
+        yield
+    finally:
+        if outer is None:
+            _shared.files = None
+
+
+def open_gguf(path: str) -> GGUFFile:
+    files = getattr(_shared, "files", None)
+    if files is None:
+        return GGUFFile(path)
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_mtime_ns, st.st_size)
+    if key not in files:
+        files[key] = GGUFFile(path)
+    return files[key]
 
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -41,9 +41,9 @@ def load_config(path: str, model_type: str | None = None) -> ModelConfig:
         raise MissingFileError(f"checkpoint path {path} does not exist")
     gguf_path = find_gguf(path)
     if gguf_path:
-        from rtp_llm.models.gguf_reader import GGUFFile
+        from rtp_llm.models.gguf_reader import open_gguf
 
-        f = GGUFFile(gguf_path)
+        f = open_gguf(gguf_path)
         return ModelConfig.from_gguf_metadata(f.metadata(), f.tensor_names, model_type)
     return ModelConfig.from_hf_dir(path, model_type)
 
@@ -70,9 +70,9 @@ def iter_checkpoint(path: str, config: ModelConfig, allow_pickle: bool = False,
     come as LazyTensor, read (whole or a tensor-parallel slice) only by the model's load_weights."""
     gguf_path = find_gguf(path)
     if gguf_path:
-        from rtp_llm.models.gguf_reader import GGUFFile
+        from rtp_llm.models.gguf_reader import open_gguf
 
-        yield from GGUFFile(gguf_path).tensors(
+        yield from open_gguf(gguf_path).tensors(
             config.num_heads, config.num_kv_heads, unpermute_qk=config.model_type == "llama",
             keep_quantized=keep_quantized)
         return

@@ -92,9 +92,9 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path: str) -> "Tokenizer":
-        from rtp_llm.models.gguf_reader import GGUFFile
+        from rtp_llm.models.gguf_reader import open_gguf
 
-        f = GGUFFile(path)
+        f = open_gguf(path)
         kind = f.field("tokenizer.ggml.model")
         if kind != "gpt2":
             raise CheckpointError(f"{path}: GGUF tokenizer type {kind!r} is not supported (supported: gpt2 byte-level BPE)")

@@ -149,3 +149,30 @@ def test_the_quantization_setting_takes_auto_none_or_int8_only(tiny):
         EngineConfig(quantization="fp8")
     with pytest.raises(ValueError, match="quantization must be one of auto, none, int8"):
         load_model(tiny[1], ops=CpuOps(), quantization="int4")
+
+
+def test_an_engine_load_parses_its_gguf_once_and_keeps_nothing(tmp_path, monkeypatch):
+    # gguf parses a file's whole metadata when it opens it (~10 s for a Qwen vocabulary): the config, the memory
+    # plan, the weights and the tokenizer share one reader during the load, and none is kept after it (a kept
+    # reader would keep the file's pages mapped).
+    import gguf
+
+    from rtp_llm.models import gguf_reader
+
+    path = write_tiny_gguf(str(tmp_path / "tiny_Q8_0.gguf"), "Q8_0", seed=0)
+    opened = []
+
+    class CountingReader(gguf.GGUFReader):
+        def __init__(self, p, *args, **kwargs):
+            opened.append(p)
+            super().__init__(p, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    with LLM(path, num_blocks=16, max_model_len=64) as llm:
+        out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True), use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) == 2
+    assert opened == [path]
+    assert getattr(gguf_reader._shared, "files", None) is None
+    gguf_reader.open_gguf(path)  # outside an engine load: a fresh reader every time
+    gguf_reader.open_gguf(path)
+    assert len(opened) == 3
