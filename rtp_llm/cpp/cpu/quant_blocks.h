@@ -72,7 +72,7 @@ inline int q6_k(const uint8_t* b, int g, int i) {
 }
 
 // The 32 values of sub-block s of a k-quant block.
-inline void decode_k_sub(Format f, const uint8_t* b, int s, float* w) {
+inline void decode_k_sub(Format f, const uint8_t* __restrict b, int s, float* __restrict w) {
     if (f == Format::kQ6_K) {
         const float d = half_at(b + 208);
         const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
@@ -92,7 +92,7 @@ inline void decode_k_sub(Format f, const uint8_t* b, int s, float* w) {
 }
 
 // The elements(f) values of one block, in order (in the 32-element formats element j and j + 16 share byte j).
-inline void decode_block(Format f, const uint8_t* b, float* w) {
+inline void decode_block(Format f, const uint8_t* __restrict b, float* __restrict w) {
     if (is_k_quant(f)) {
         for (int s = 0; s < 8; ++s) decode_k_sub(f, b, s, w + 32 * s);
         return;

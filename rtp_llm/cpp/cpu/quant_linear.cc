@@ -9,6 +9,9 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <immintrin.h>
+
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -22,28 +25,84 @@ namespace {
 
 using quant::Format;
 
-float reduce_lanes(const float* a) {
-    float s8[8], s4[4];
-    for (int i = 0; i < 8; ++i) s8[i] = a[i] + a[i + 8];
-    for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
-    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+// The sixteen lanes as two 8-wide halves (lanes 0-7, 8-15), reduced in the tree above: l + l+8, + l+4, then
+// (0 + 2) + (1 + 3).
+inline float reduce16(__m256 lo, __m256 hi) {
+    const __m256 s8 = _mm256_add_ps(lo, hi);
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
 
-// The portable kernel: one weight row decoded at a time, against every input row.
-void quant_linear_portable(Format f, const uint8_t* w, int64_t block_bytes, const float* x, const float* bias,
-                           float* out, int64_t m, int64_t k, int64_t n) {
+// 8 bytes -> 8 floats.
+inline __m256 u8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
+
+// decode_block's values for the 32-element formats the default models ship, 8 at a time (the same product and
+// sum per weight, each rounded as the scalar code rounds it); the others through decode_block.
+inline void decode_block_avx2(Format f, const uint8_t* b, float* w) {
+    const __m256 d = _mm256_set1_ps(quant::half_at(b));
+    if (f == Format::kQ8_0) {
+        for (int j = 0; j < 32; j += 8) {
+            const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + j));
+            _mm256_storeu_ps(w + j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d));
+        }
+    } else if (f == Format::kQ4_0 || f == Format::kQ4_1) {
+        const bool q41 = f == Format::kQ4_1;
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (q41 ? 4 : 2)));
+        const __m128i mask = _mm_set1_epi8(0x0F);
+        const __m128i nib[2] = {_mm_and_si128(bytes, mask), _mm_and_si128(_mm_srli_epi16(bytes, 4), mask)};
+        const __m256 m = _mm256_set1_ps(q41 ? quant::half_at(b + 2) : 0.f), eight = _mm256_set1_ps(8.f);
+        for (int h = 0; h < 2; ++h) {
+            for (int e = 0; e < 2; ++e) {
+                const __m256 q = u8_to_ps(e ? _mm_srli_si128(nib[h], 8) : nib[h]);
+                // Q4_1: d * q + m; Q4_0: (q - 8) * d, the difference exact in float as in int
+                const __m256 v = q41 ? _mm256_add_ps(_mm256_mul_ps(d, q), m) : _mm256_mul_ps(_mm256_sub_ps(q, eight), d);
+                _mm256_storeu_ps(w + 16 * h + 8 * e, v);
+            }
+        }
+    } else {
+        quant::decode_block(f, b, w);
+    }
+}
+
+// One input row against G decoded weight rows (rows[g * k ...]): 2G accumulators, so the FMA latency is hidden.
+template <int G>
+void rows_against(const float* rows, int64_t k, const float* xr, float* res) {
+    __m256 lo[G], hi[G];
+    for (int g = 0; g < G; ++g) lo[g] = hi[g] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < k; c += 16) {
+        const __m256 x0 = _mm256_loadu_ps(xr + c), x1 = _mm256_loadu_ps(xr + c + 8);
+        for (int g = 0; g < G; ++g) {
+            lo[g] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(rows + g * k + c), lo[g]);
+            hi[g] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(rows + g * k + c + 8), hi[g]);
+        }
+    }
+    for (int g = 0; g < G; ++g) res[g] = reduce16(lo[g], hi[g]);
+}
+
+// The AVX2 kernel (every CPU this library runs on has AVX2 and FMA): kRows weight rows decoded at a time into an
+// L1 scratch, then every input row against them.
+void quant_linear_avx2(Format f, const uint8_t* w, int64_t block_bytes, const float* x, const float* bias,
+                       float* out, int64_t m, int64_t k, int64_t n) {
+    constexpr int64_t kRows = 4;
     const int64_t per = quant::elements(f), blocks = k / per;
-    parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-        std::vector<float> row(k);
-        for (int64_t j = begin; j < end; ++j) {
-            for (int64_t b = 0; b < blocks; ++b)
-                quant::decode_block(f, w + (j * blocks + b) * block_bytes, row.data() + b * per);
+    parallel_for(0, (n + kRows - 1) / kRows, 4, [&](int64_t begin, int64_t end) {
+        std::vector<float> rows(kRows * k);
+        float res[kRows];
+        for (int64_t g = begin; g < end; ++g) {
+            const int64_t j0 = g * kRows, count = std::min(kRows, n - j0);
+            for (int64_t q = 0; q < count; ++q)
+                for (int64_t b = 0; b < blocks; ++b)
+                    decode_block_avx2(f, w + ((j0 + q) * blocks + b) * block_bytes, rows.data() + q * k + b * per);
             for (int64_t r = 0; r < m; ++r) {
                 const float* xr = x + r * k;
-                float acc[16] = {};
-                for (int64_t c = 0; c < k; c += 16)
-                    for (int l = 0; l < 16; ++l) acc[l] = std::fma(xr[c + l], row[c + l], acc[l]);
-                out[r * n + j] = reduce_lanes(acc) + (bias ? bias[j] : 0.f);
+                switch (count) {
+                    case 4: rows_against<4>(rows.data(), k, xr, res); break;
+                    case 3: rows_against<3>(rows.data(), k, xr, res); break;
+                    case 2: rows_against<2>(rows.data(), k, xr, res); break;
+                    default: rows_against<1>(rows.data(), k, xr, res); break;
+                }
+                for (int64_t q = 0; q < count; ++q) out[r * n + j0 + q] = res[q] + (bias ? bias[j0 + q] : 0.f);
             }
         }
     });
@@ -79,8 +138,8 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
         quant_linear_avx512(static_cast<int>(f), w.data_ptr<uint8_t>(), w.size(2), xc.data_ptr<float>(), bp,
                             out.data_ptr<float>(), xc.size(0), k, n);
     } else {
-        quant_linear_portable(f, w.data_ptr<uint8_t>(), w.size(2), xc.data_ptr<float>(), bp, out.data_ptr<float>(),
-                              xc.size(0), k, n);
+        quant_linear_avx2(f, w.data_ptr<uint8_t>(), w.size(2), xc.data_ptr<float>(), bp, out.data_ptr<float>(),
+                          xc.size(0), k, n);
     }
     return out;
 }
