@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "rtp_llm/cpp/cpu/work_pool.h"
@@ -37,31 +38,83 @@ inline float reduce16(__m256 lo, __m256 hi) {
 // 8 bytes -> 8 floats.
 inline __m256 u8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
 
-// decode_block's values for the 32-element formats the default models ship, 8 at a time (the same product and
-// sum per weight, each rounded as the scalar code rounds it); the others through decode_block.
+// 32 quant bytes (element order) -> w[0..31] = op(float(q)).
+template <typename Op>
+inline void store_q32(__m256i q, float* w, Op op) {
+    const __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+    for (int h = 0; h < 2; ++h) {
+        _mm256_storeu_ps(w + 16 * h, op(u8_to_ps(halves[h])));
+        _mm256_storeu_ps(w + 16 * h + 8, op(u8_to_ps(_mm_srli_si128(halves[h], 8))));
+    }
+}
+
+// Bit j of qh (j = 0..31) as 0x10 in byte j: Q5_0 / Q5_1's fifth bit.
+inline __m256i fifth_bits(uint32_t qh) {
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(static_cast<int>(qh)),
+        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3,
+                         3));
+    const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+// decode_block's values, 8 at a time: the same product and sum per weight, each rounded as the scalar code rounds
+// it (Q6_K through decode_block).
 inline void decode_block_avx2(Format f, const uint8_t* b, float* w) {
+    const __m128i low4 = _mm_set1_epi8(0x0F);
     const __m256 d = _mm256_set1_ps(quant::half_at(b));
-    if (f == Format::kQ8_0) {
-        for (int j = 0; j < 32; j += 8) {
-            const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + j));
-            _mm256_storeu_ps(w + j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d));
-        }
-    } else if (f == Format::kQ4_0 || f == Format::kQ4_1) {
-        const bool q41 = f == Format::kQ4_1;
-        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (q41 ? 4 : 2)));
-        const __m128i mask = _mm_set1_epi8(0x0F);
-        const __m128i nib[2] = {_mm_and_si128(bytes, mask), _mm_and_si128(_mm_srli_epi16(bytes, 4), mask)};
-        const __m256 m = _mm256_set1_ps(q41 ? quant::half_at(b + 2) : 0.f), eight = _mm256_set1_ps(8.f);
-        for (int h = 0; h < 2; ++h) {
-            for (int e = 0; e < 2; ++e) {
-                const __m256 q = u8_to_ps(e ? _mm_srli_si128(nib[h], 8) : nib[h]);
-                // Q4_1: d * q + m; Q4_0: (q - 8) * d, the difference exact in float as in int
-                const __m256 v = q41 ? _mm256_add_ps(_mm256_mul_ps(d, q), m) : _mm256_mul_ps(_mm256_sub_ps(q, eight), d);
-                _mm256_storeu_ps(w + 16 * h + 8 * e, v);
+    switch (f) {
+        case Format::kQ8_0:
+            for (int j = 0; j < 32; j += 8) {
+                const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + j));
+                _mm256_storeu_ps(w + j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d));
             }
+            return;
+        case Format::kQ4_0:
+        case Format::kQ4_1:
+        case Format::kQ5_0:
+        case Format::kQ5_1: {
+            const bool with_min = f == Format::kQ4_1 || f == Format::kQ5_1;
+            const bool five = f == Format::kQ5_0 || f == Format::kQ5_1;
+            const uint8_t* qs = b + 2 + (with_min ? 2 : 0) + (five ? 4 : 0);
+            const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+            __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), low4), _mm_and_si128(bytes, low4));
+            if (five) {
+                uint32_t qh;
+                std::memcpy(&qh, b + 2 + (with_min ? 2 : 0), 4);
+                q = _mm256_or_si256(q, fifth_bits(qh));
+            }
+            if (with_min) {  // d * q + m
+                const __m256 m = _mm256_set1_ps(quant::half_at(b + 2));
+                store_q32(q, w, [&](__m256 v) { return _mm256_add_ps(_mm256_mul_ps(d, v), m); });
+            } else {  // (q - offset) * d, the difference exact in float as in int
+                const __m256 offset = _mm256_set1_ps(five ? 16.f : 8.f);
+                store_q32(q, w, [&](__m256 v) { return _mm256_mul_ps(_mm256_sub_ps(v, offset), d); });
+            }
+            return;
         }
-    } else {
-        quant::decode_block(f, b, w);
+        case Format::kQ4_K:
+        case Format::kQ5_K: {
+            const bool five = f == Format::kQ5_K;
+            const __m256i low4y = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+            for (int s = 0; s < 8; ++s) {
+                int sc, mn;
+                quant::k_scale_min(b + 4, s, &sc, &mn);
+                const __m256 ds = _mm256_set1_ps(quant::half_at(b) * static_cast<float>(sc));
+                const __m256 dm = _mm256_set1_ps(quant::half_at(b + 2) * static_cast<float>(mn));
+                const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + (five ? 48 : 16) + 32 * (s / 2)));
+                __m256i q = _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(4 * (s % 2))), low4y);
+                if (five) {  // bit s of byte 16 + i, to bit 4 (a 0/1 byte shifted within its 16-bit lane stays in it)
+                    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+                    const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(s)), one);
+                    q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 4));
+                }
+                store_q32(q, w + 32 * s, [&](__m256 v) { return _mm256_sub_ps(_mm256_mul_ps(ds, v), dm); });
+            }
+            return;
+        }
+        default:
+            quant::decode_block(f, b, w);
     }
 }
 

@@ -5,7 +5,7 @@
 //   every input row, three at a time, meets the whole panel while it sits in L1: the decoding is paid once per
 //   panel, and the input is read from memory once per panel.
 // Both accumulate lane l over the 16-wide chunks in order and reduce with avx512::reduce1's tree (reduce8 is the
-// same tree for 8 vectors), as quant_linear.cc's portable kernel does.
+// same tree for 8 vectors), as quant_linear.cc's AVX2 kernel does.
 #include <ATen/Parallel.h>
 
 #include <vector>
