@@ -59,7 +59,7 @@ inline __m256i fifth_bits(uint32_t qh) {
 }
 
 // decode_block's values, 8 at a time: the same product and sum per weight, each rounded as the scalar code rounds
-// it (Q6_K through decode_block).
+// it.
 inline void decode_block_avx2(Format f, const uint8_t* b, float* w) {
     const __m128i low4 = _mm_set1_epi8(0x0F);
     const __m256 d = _mm256_set1_ps(quant::half_at(b));
@@ -110,6 +110,33 @@ inline void decode_block_avx2(Format f, const uint8_t* b, float* w) {
                     q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 4));
                 }
                 store_q32(q, w + 32 * s, [&](__m256 v) { return _mm256_sub_ps(_mm256_mul_ps(ds, v), dm); });
+            }
+            return;
+        }
+        case Format::kQ6_K: {  // quant::q6_k's bits, 32 at a time; d * scale per 16 elements
+            const float d6 = quant::half_at(b + 208);
+            const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+            const __m256i low4y = _mm256_set1_epi8(0x0F), low2y = _mm256_set1_epi8(0x03);
+            const __m256 thirty_two = _mm256_set1_ps(32.f);
+            for (int s = 0; s < 8; ++s) {
+                const int h = s / 4, k = s % 4;
+                const __m256i lo = _mm256_and_si256(
+                    _mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32 * (k % 2))),
+                                     _mm_cvtsi32_si128(4 * (k / 2))),
+                    low4y);
+                const __m256i hi = _mm256_and_si256(
+                    _mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h)),
+                                     _mm_cvtsi32_si128(2 * k)),
+                    low2y);
+                const __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));  // bits 0-1 -> 4-5, within the byte
+                const __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+                for (int t = 0; t < 2; ++t) {
+                    const __m256 dt = _mm256_set1_ps(d6 * static_cast<float>(scales[2 * s + t]));
+                    float* out = w + 32 * s + 16 * t;
+                    _mm256_storeu_ps(out, _mm256_mul_ps(dt, _mm256_sub_ps(u8_to_ps(halves[t]), thirty_two)));
+                    _mm256_storeu_ps(out + 8,
+                                     _mm256_mul_ps(dt, _mm256_sub_ps(u8_to_ps(_mm_srli_si128(halves[t], 8)), thirty_two)));
+                }
             }
             return;
         }
