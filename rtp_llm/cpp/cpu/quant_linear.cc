@@ -102,7 +102,8 @@ inline void decode_block_avx2(Format f, const uint8_t* b, float* w) {
                 quant::k_scale_min(b + 4, s, &sc, &mn);
                 const __m256 ds = _mm256_set1_ps(quant::half_at(b) * static_cast<float>(sc));
                 const __m256 dm = _mm256_set1_ps(quant::half_at(b + 2) * static_cast<float>(mn));
-                const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + (five ? 48 : 16) + 32 * (s / 2)));
+                const uint8_t* qs = b + (five ? 48 : 16) + 32 * (s / 2);
+                const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
                 __m256i q = _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(4 * (s % 2))), low4y);
                 if (five) {  // bit s of byte 16 + i, to bit 4 (a 0/1 byte shifted within its 16-bit lane stays in it)
                     const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
@@ -134,8 +135,8 @@ inline void decode_block_avx2(Format f, const uint8_t* b, float* w) {
                     const __m256 dt = _mm256_set1_ps(d6 * static_cast<float>(scales[2 * s + t]));
                     float* out = w + 32 * s + 16 * t;
                     _mm256_storeu_ps(out, _mm256_mul_ps(dt, _mm256_sub_ps(u8_to_ps(halves[t]), thirty_two)));
-                    _mm256_storeu_ps(out + 8,
-                                     _mm256_mul_ps(dt, _mm256_sub_ps(u8_to_ps(_mm_srli_si128(halves[t], 8)), thirty_two)));
+                    const __m256 upper = u8_to_ps(_mm_srli_si128(halves[t], 8));
+                    _mm256_storeu_ps(out + 8, _mm256_mul_ps(dt, _mm256_sub_ps(upper, thirty_two)));
                 }
             }
             return;
