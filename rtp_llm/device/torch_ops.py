@@ -102,7 +102,9 @@ class TorchOps:
         """ids -> embedding rows of a QuantizedWeight (rtp_llm/models/quantized.py): its dequantized rows. A device
         whose head (tied_head: the LM head multiplying the same blocks, or None) holds a device form may read that;
         `like`: the (empty) embedding parameter, for the model's dtype and device."""
-        return quantized.rows
+        if like.dtype == torch.float32:
+            return quantized.rows
+        return lambda ids: quantized.rows(ids).to(like.dtype)  # as a dense copy in the model's dtype would hold it
 
     def prepare_linears(self, linears, head) -> None:
         """Called once after the weights are loaded: gives each linear layer (rtp_llm/layers/linear.py) its

@@ -22,7 +22,8 @@ MODEL_CLASSES = {"qwen_3": DecoderLM, "qwen_2": DecoderLM, "llama": DecoderLM}
 
 def stored_dtype(path: str, cfg: ModelConfig) -> torch.dtype:
     """The dtype the checkpoint's weights load as: its own (config.json), float32 for GGUF (its dequantized
-    values; block-format matrices the device multiplies as stored keep their blocks, with float32 activations)."""
+    values; block-format matrices the device multiplies as stored keep their blocks; --dtype bfloat16 still
+    applies)."""
     return torch.float32 if find_gguf(path) else cfg.dtype
 
 

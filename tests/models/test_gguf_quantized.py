@@ -17,6 +17,7 @@ from rtp_llm.device.cpu.ops import CpuOps
 from rtp_llm.models.default_model import default_model_path
 from rtp_llm.models.registry import load_model
 from rtp_llm.sampling import SamplingParams
+from tests.models.bf16_rule import assert_engines_agree, assert_transformers_agree, margin_of, reference_logits
 from tests.models.static_generate import StaticRunner
 from tests.models.tiny_gguf import write_tiny_gguf
 
@@ -87,6 +88,46 @@ def test_engine_with_chunked_prefill_and_prefix_cache(tiny):
         again = llm.generate([prompt], params, use_tqdm=False)[0]  # its prefix now comes from the cache
         assert first.outputs[0].token_ids == again.outputs[0].token_ids == tokens
         assert again.num_cached_tokens >= 48
+
+
+@pytest.fixture(scope="module", params=FORMATS)
+def tiny_no_vocab(request, tmp_path_factory):
+    # without the 49,152-token vocabulary (the tokenizer comes from the default model): each parse of the file is
+    # then milliseconds, not seconds
+    path = str(tmp_path_factory.mktemp(request.param) / f"tiny_nv_{request.param}.gguf")
+    return request.param, write_tiny_gguf(path, request.param, seed=FORMATS.index(request.param), with_vocab=False)
+
+
+def test_bf16_keeps_the_blocks_and_follows_the_bf16_rule(tiny_no_vocab):
+    """--dtype bfloat16 on a GGUF: the blocks stay as stored (bf16 activations widened to the float32 kernels, each
+    result rounded once) and the embedding rows are rounded to bf16 as a dense bf16 copy holds them. Through the
+    engine (16-token prefill chunks, then the prefix from the cache): teacher-forced against transformers loading the
+    same file in bf16 (the bf16 rule), and against the dequantized bf16 engine up to a near tie."""
+    from transformers import AutoModelForCausalLM
+
+    fmt, path = tiny_no_vocab
+    model, _ = load_model(path, ops=CpuOps(), dtype="bfloat16", quantization="auto")
+    assert_runs_as_stored(model, fmt, fmt)
+    ids = torch.tensor([3, 500, 40000])
+    dense_rows = model.embed_quantized.dequantize().index_select(0, ids).bfloat16()
+    assert model.embed_rows(ids).dtype == torch.bfloat16 and torch.equal(model.embed_rows(ids), dense_rows)
+    prompt = list(range(100, 160))
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=2)
+    outs = {}
+    for q in ("auto", "none"):
+        with LLM(path, tokenizer=default_model_path(), dtype="bfloat16", quantization=q, max_num_batched_tokens=16,
+                 block_size=16, num_blocks=64, max_model_len=512, enable_prefix_caching=True) as llm:
+            assert (llm.core.runner.model.layers[0].qkv.quantized is not None) == (q == "auto")
+            first = llm.generate([prompt], params, use_tqdm=False)[0]
+            again = llm.generate([prompt], params, use_tqdm=False)[0]
+        assert first.outputs[0].token_ids == again.outputs[0].token_ids and again.num_cached_tokens >= 48
+        outs[q] = first.outputs[0]
+    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                              dtype=torch.bfloat16).eval()
+    tokens = outs["auto"].token_ids
+    strict = assert_transformers_agree(hf, prompt, tokens)
+    assert strict >= len(tokens) // 2, strict  # most steps had a clear winner, which the rule then required
+    assert assert_engines_agree(outs["auto"], outs["none"], margin_of(reference_logits(hf, prompt, tokens))) >= 1
 
 
 @pytest.fixture(scope="module")

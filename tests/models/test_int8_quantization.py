@@ -12,6 +12,7 @@ from rtp_llm.device.cpu.ops import CpuOps
 from rtp_llm.models.default_model import default_model_path
 from rtp_llm.models.registry import load_model
 from rtp_llm.sampling import SamplingParams
+from tests.models.bf16_rule import assert_transformers_agree
 from tests.models.int8_reference import to_int8_values
 from tests.models.static_generate import StaticRunner
 from tests.models.tiny_checkpoints import make_checkpoint
@@ -67,9 +68,21 @@ def test_int8_through_the_engine_with_chunks_and_prefix_cache(ckpt):
     assert again.num_cached_tokens >= 48
 
 
-def test_int8_is_refused_nowhere_and_bfloat16_cpu_stays_dense(ckpt):
-    """The CPU's quantized kernels take float32 activations: a bfloat16 model keeps its dense weights."""
+def test_int8_of_a_bfloat16_model_runs_on_the_quantized_kernels(ckpt):
+    """--dtype bfloat16 --quantization int8: the int8 form is made from the bf16 weights and the bf16 activations
+    meet it on the same kernels; against transformers in bf16 with each weight replaced by the int8 value made from
+    its own bf16 weight (the bf16 rule: its weights carry one rounding, ours none)."""
+    from transformers import AutoModelForCausalLM
+
     path, _ = ckpt
-    model, _ = load_model(path, ops=CpuOps(), dtype="bfloat16", quantization="int8")
-    assert all(lin.quantized is None and lin.weight.dtype == torch.bfloat16
-               for layer in model.layers for lin in layer.linears())
+    model, cfg = load_model(path, ops=CpuOps(), dtype="bfloat16", quantization="int8")
+    linears = [lin for layer in model.layers for lin in layer.linears()] + [model.head]
+    assert all(lin.quantized is not None and lin.quantized.format == "Q8_0" and lin.weight.numel() == 0
+               for lin in linears)
+    hf = to_int8_values(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval())
+    strict = 0
+    for prompt in PROMPTS:
+        out = StaticRunner(model, cfg, num_blocks=32, block_size=16).generate(
+            [prompt], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+        strict += assert_transformers_agree(hf, prompt, out.token_ids)
+    assert strict >= 12, strict  # most steps had a clear winner, which the rule then required

@@ -1,4 +1,4 @@
-// x [M, K] (float32) @ W^T (+ bias) for a weight kept in its GGUF blocks (quant_blocks.h): the dequantized model's
+// x [M, K] (float32; bfloat16 widened to it) @ W^T (+ bias) for a weight kept in its GGUF blocks (quant_blocks.h): the dequantized model's
 // math without its fp32 copy. Each weight is decoded to exactly gguf's float32 value and multiplied with the
 // float32 activation; the activations are not quantized (unlike llama.cpp's kernels).
 //
@@ -202,8 +202,14 @@ Format checked_format(const at::Tensor& w) {
 
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias) {
     const Format f = checked_format(w);
-    TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2,
-                "quant_linear: x must be a float32 CPU matrix [M, K]");
+    TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+                    x.dim() == 2,
+                "quant_linear: x must be a float32 or bfloat16 CPU matrix [M, K]");
+    if (x.scalar_type() == at::kBFloat16) {
+        // bf16 activations widen exactly, meet the same float32 weights and sums, and the result (bias included)
+        // rounds to bf16 once, as the bf16 panels round theirs. The widening is O(M K) beside the O(M N K) product.
+        return quant_linear(x.to(at::kFloat), w, bias).to(at::kBFloat16);
+    }
     const int64_t n = w.size(0), k = w.size(1) * quant::elements(f);
     TORCH_CHECK(x.size(1) == k, "quant_linear: x has ", x.size(1), " columns, the weight ", k);
     at::Tensor b;

@@ -1,9 +1,9 @@
 // quant_linear.cc's kernel for CPUs with AVX-512 (checked at run time). Two ways through, the same sums:
 // - few rows (decode): each weight block is decoded in registers and meets every row there, so the weights are
 //   streamed once at their stored size;
-// - more rows (prefill, large batches): a panel of 32 weight rows is decoded once into a float32 scratch (L2), and
-//   every input row, three at a time, meets the whole panel while it sits in L1: the decoding is paid once per
-//   panel, and the input is read from memory once per panel.
+// - more rows (prefill, large batches): a panel of 32 weight rows is decoded once into a float32 scratch (L2);
+//   then 8 of its rows over a column tile sit in L1 while every input row of a block, three at a time, meets them:
+//   the decoding is paid once per panel, and the weights are read from L2 once per block of input rows.
 // Both accumulate lane l over the 16-wide chunks in order and reduce with avx512::reduce1's tree (reduce8 is the
 // same tree for 8 vectors), as quant_linear.cc's AVX2 kernel does.
 #include <ATen/Parallel.h>
@@ -208,14 +208,18 @@ RTP_AVX512 void direct(const uint8_t* w, int64_t block_bytes, const float* x, co
     }
 }
 
-// R input rows (1 to 3) against the group's kGroup decoded rows: R x 8 accumulators, all in registers (the loop
-// bounds are constants), each weight vector loaded once for the R rows.
+// R input rows (1 to 3) against the group's kGroup decoded rows over the columns [c0, c1): R x 8 accumulators, all
+// in registers (the loop bounds are constants), each weight vector loaded once for the R rows. The accumulators
+// start at zero on the first column tile and are parked in `park` between tiles (the lanes still sum the chunks in
+// order); the last tile reduces them.
 template <int R>
-RTP_AVX512 void scratch_rows(const float* scratch, const float* x, int64_t k, float res[3][kGroup]) {
+RTP_AVX512 void scratch_rows(const float* scratch, const float* x, int64_t k, int64_t c0, int64_t c1, float* park,
+                             bool first, bool last, float res[3][kGroup]) {
     __m512 acc[R][kGroup];
     for (int r = 0; r < R; ++r)
-        for (int q = 0; q < kGroup; ++q) acc[r][q] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < k; c += 16) {
+        for (int q = 0; q < kGroup; ++q)
+            acc[r][q] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(park + 16 * (r * kGroup + q));
+    for (int64_t c = c0; c < c1; c += 16) {
         __m512 xv[R];
         for (int r = 0; r < R; ++r) xv[r] = _mm512_loadu_ps(x + r * k + c);
         for (int q = 0; q < kGroup; ++q) {
@@ -226,16 +230,31 @@ RTP_AVX512 void scratch_rows(const float* scratch, const float* x, int64_t k, fl
             for (int r = 0; r < R; ++r) acc[r][q] = _mm512_fmadd_ps(wv, xv[r], acc[r][q]);
         }
     }
-    for (int r = 0; r < R; ++r) reduce8(acc[r], res[r]);
+    if (last) {
+        for (int r = 0; r < R; ++r) reduce8(acc[r], res[r]);
+    } else {
+        for (int r = 0; r < R; ++r)
+            for (int q = 0; q < kGroup; ++q) _mm512_storeu_ps(park + 16 * (r * kGroup + q), acc[r][q]);
+    }
 }
+
+// Columns per tile: a group's kGroup decoded rows and three input rows over a tile stay in L1 (48 KiB here) while
+// every input row of the block passes; a longer K is cut into tiles, each group's sums parked in between.
+constexpr int64_t kTileBytes = 36 * 1024;
+// Input rows per block: the block's share of x over a tile stays in L2 while the panel's groups pass.
+constexpr int64_t kRowBlock = 96;
+static_assert(kRowBlock % 3 == 0, "the parked sums are laid out by triples of rows");
 
 template <Format F>
 RTP_AVX512 void through_scratch(const uint8_t* w, int64_t block_bytes, const float* x, const float* bias, float* out,
                                 int64_t m, int64_t k, int64_t n, int64_t j0, int64_t j1) {
     constexpr int kSubs = quant::elements(F) / kBlock;
     const int64_t blocks = k / quant::elements(F), row_bytes = blocks * block_bytes;
+    const int64_t per_tile = std::max<int64_t>(16, kTileBytes / ((kGroup + 3) * 4) / 16 * 16);
+    const int64_t tiles = (k + per_tile - 1) / per_tile;
     // a short last group leaves earlier rows in the scratch: their sums are computed and dropped
     std::vector<float> scratch(static_cast<size_t>(kPanel) * k, 0.f);
+    std::vector<float> park(tiles > 1 ? static_cast<size_t>(kRowBlock) * kPanel * 16 : 0);
     for (int64_t p = j0; p < j1; p += kPanel) {
         const int64_t cols = std::min<int64_t>(kPanel, j1 - p);
         for (int64_t q = 0; q < cols; ++q) {  // the panel's weight rows, decoded once
@@ -249,19 +268,29 @@ RTP_AVX512 void through_scratch(const uint8_t* w, int64_t block_bytes, const flo
                 }
             }
         }
-        // every input row meets the whole panel while it is in L1: x is read from memory once per panel
         float res[3][kGroup];
-        for (int64_t r = 0; r < m; r += 3) {
-            const int rows = static_cast<int>(std::min<int64_t>(3, m - r));
-            for (int64_t g0 = 0; g0 < cols; g0 += kGroup) {
-                const float* panel = &scratch[g0 * k];
-                if (rows == 3) scratch_rows<3>(panel, x + r * k, k, res);
-                if (rows == 2) scratch_rows<2>(panel, x + r * k, k, res);
-                if (rows == 1) scratch_rows<1>(panel, x + r * k, k, res);
-                const int64_t g = std::min<int64_t>(kGroup, cols - g0);
-                for (int rr = 0; rr < rows; ++rr)
-                    for (int64_t q = 0; q < g; ++q)
-                        out[(r + rr) * n + p + g0 + q] = res[rr][q] + (bias ? bias[p + g0 + q] : 0.f);
+        for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
+            const int64_t r1 = std::min(m, r0 + kRowBlock);
+            for (int64_t t = 0; t < tiles; ++t) {
+                const int64_t c0 = t * per_tile, c1 = std::min(k, c0 + per_tile);
+                const bool first = t == 0, last = t == tiles - 1;
+                for (int64_t g0 = 0; g0 < cols; g0 += kGroup) {
+                    const float* panel = &scratch[g0 * k];
+                    for (int64_t r = r0; r < r1; r += 3) {
+                        const int rows = static_cast<int>(std::min<int64_t>(3, r1 - r));
+                        // kRowBlock is a multiple of 3: triple (r - r0) / 3, group g0 / kGroup, 3 x kGroup vectors
+                        float* slot = park.empty() ? nullptr
+                                                   : &park[((r - r0) / 3 * (kPanel / kGroup) + g0 / kGroup) * 3 * kGroup * 16];
+                        if (rows == 3) scratch_rows<3>(panel, x + r * k, k, c0, c1, slot, first, last, res);
+                        if (rows == 2) scratch_rows<2>(panel, x + r * k, k, c0, c1, slot, first, last, res);
+                        if (rows == 1) scratch_rows<1>(panel, x + r * k, k, c0, c1, slot, first, last, res);
+                        if (!last) continue;
+                        const int64_t g = std::min<int64_t>(kGroup, cols - g0);
+                        for (int rr = 0; rr < rows; ++rr)
+                            for (int64_t q = 0; q < g; ++q)
+                                out[(r + rr) * n + p + g0 + q] = res[rr][q] + (bias ? bias[p + g0 + q] : 0.f);
+                    }
+                }
             }
         }
     }

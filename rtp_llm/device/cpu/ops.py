@@ -30,9 +30,10 @@ class CpuOps(TorchOps):
     FUSED_DTYPES = (torch.float32, torch.bfloat16)
     # Rows per piece of a prefill's MLP (mlp()); benchmarks/README.md has the measurement.
     MLP_ROWS = 512
-    # torch.ops.rtp_llm.quant_linear's formats (rtp_llm/cpp/cpu/quant_blocks.h), float32 activations.
+    # torch.ops.rtp_llm.quant_linear's formats (rtp_llm/cpp/cpu/quant_blocks.h); float32 math, bf16 activations
+    # widened to it and the result rounded once.
     quantized_formats = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
-    quantized_dtypes = (torch.float32,)
+    quantized_dtypes = (torch.float32, torch.bfloat16)
 
     def __init__(self, gemv_weights: str = "auto", available_memory=available_memory):
         from rtp_llm._native import ops

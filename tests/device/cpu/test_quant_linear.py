@@ -95,6 +95,25 @@ def test_matches_the_dequantized_matrix(fmt, n, k):
         assert bool((err <= tolerance(x, raw, fmt) + 1e-6).all()), err.max()
 
 
+@pytest.mark.parametrize("fmt", ALL)
+def test_bf16_activations_widen_exactly_and_the_result_rounds_once(fmt):
+    """A bf16 model's rows: the bf16 activations widened (exactly) to float32 meet the same weights and sums as a
+    float32 row, and the result (bias included) is rounded to bf16 once: within half a bf16 unit of the float64
+    product of the same values, bit for bit the float32 kernel's result rounded, whatever the batch."""
+    raw = quantized(fmt, 45, 512, seed=3)
+    blocks = as_blocks(raw, fmt)
+    x = torch.randn(37, 512, generator=torch.Generator().manual_seed(4)).bfloat16()
+    bias = torch.randn(45, generator=torch.Generator().manual_seed(5)).bfloat16()
+    y = R.quant_linear(x, blocks, bias)
+    assert y.dtype == torch.bfloat16 and y.shape == (37, 45)
+    ref = reference(x.float(), raw, fmt, bias.float())
+    half_unit = ref.abs() * 2.0 ** -8  # 8 significant bits
+    assert bool(((y.double() - ref).abs() <= half_unit + tolerance(x.float(), raw, fmt) + 1e-6).all())
+    assert torch.equal(y, R.quant_linear(x.float(), blocks, bias.float()).bfloat16())
+    for m in (1, 2, 5):
+        assert torch.equal(R.quant_linear(x[:m], blocks, bias), y[:m])
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("k", [32, 96])
 def test_short_rows_of_32_element_blocks(fmt, k):
@@ -116,10 +135,11 @@ def test_extreme_blocks_match_the_reference(fmt):
 
 
 @pytest.mark.parametrize("fmt", ALL)
-def test_a_rows_result_does_not_depend_on_the_batch(fmt):
-    raw = quantized(fmt, 45, 256, seed=7)
+@pytest.mark.parametrize("k", [256, 1792])  # 1792: the panel kernel parks its sums between column tiles
+def test_a_rows_result_does_not_depend_on_the_batch(fmt, k):
+    raw = quantized(fmt, 45, k, seed=7)
     blocks = as_blocks(raw, fmt)
-    x = torch.randn(2048, 256, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(2048, k, generator=torch.Generator().manual_seed(2))
     full = R.quant_linear(x, blocks, None)
     for m in (1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 257):
         assert torch.equal(R.quant_linear(x[:m], blocks, None), full[:m]), m
@@ -161,5 +181,5 @@ def test_bad_blocks_are_refused_with_the_formats_named():
         R.quant_linear(torch.randn(2, 32), torch.zeros(3, 1, 19, dtype=torch.uint8), None)
     with pytest.raises(RuntimeError, match="columns"):
         R.quant_linear(torch.randn(2, 64), torch.zeros(3, 1, 34, dtype=torch.uint8), None)
-    with pytest.raises(RuntimeError, match="float32"):
-        R.quant_linear(torch.randn(2, 32, dtype=torch.bfloat16), torch.zeros(3, 1, 34, dtype=torch.uint8), None)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        R.quant_linear(torch.randn(2, 32, dtype=torch.float16), torch.zeros(3, 1, 34, dtype=torch.uint8), None)
