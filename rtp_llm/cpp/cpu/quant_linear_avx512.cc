@@ -42,12 +42,19 @@ RTP_AVX512 inline __m128i bits_of(__m128i v, int shift, int mask) {
 // arithmetic (a product, then a sum, each rounded to float32), looked up for 16 weights at once (vpermps reads an
 // index's low 4 bits): the same float32 values as converting every nibble and scaling it, in about half the
 // instructions; a decode step is instruction-bound (benchmarks/README.md).
-RTP_AVX512 inline __m512 nibble_values(float scale, float offset, bool subtract, bool centred) {
+RTP_AVX512 inline __m512 nibble_values(__m512 scale, __m512 offset, bool subtract, bool centred) {
     const __m512 q = centred ? _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
                              : _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512 scaled = _mm512_mul_ps(_mm512_set1_ps(scale), q);
+    const __m512 scaled = _mm512_mul_ps(scale, q);
     if (centred) return scaled;
-    return subtract ? _mm512_sub_ps(scaled, _mm512_set1_ps(offset)) : _mm512_add_ps(scaled, _mm512_set1_ps(offset));
+    return subtract ? _mm512_sub_ps(scaled, offset) : _mm512_add_ps(scaled, offset);
+}
+
+// The fp16 at p in all 16 lanes: a broadcast load and one conversion (not a scalar conversion, then a broadcast).
+RTP_AVX512 inline __m512 half_lanes(const uint8_t* p) {
+    uint16_t bits;
+    std::memcpy(&bits, p, 2);
+    return _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(bits)));
 }
 
 // 16 bytes, each to a 32-bit lane: its low nibble in bits 0-3 (shift 0) or its high nibble (shift 4), the table's
@@ -64,8 +71,8 @@ RTP_AVX512 inline void decode(const uint8_t* b, int s, __m512& w0, __m512& w1) {
     if constexpr (F == Format::kQ4_K) {
         int sc, m;
         quant::k_scale_min(b + 4, s, &sc, &m);
-        const __m512 table = nibble_values(half_at(b) * static_cast<float>(sc), half_at(b + 2) * static_cast<float>(m),
-                                           true, false);
+        const __m512 table = nibble_values(_mm512_set1_ps(half_at(b) * static_cast<float>(sc)),
+                                           _mm512_set1_ps(half_at(b + 2) * static_cast<float>(m)), true, false);
         const uint8_t* qs = b + 16 + 32 * (s / 2);
         nibble_lookup(qs, 4 * (s % 2), table, w0);
         nibble_lookup(qs + 16, 4 * (s % 2), table, w1);
@@ -102,7 +109,7 @@ RTP_AVX512 inline void decode(const uint8_t* b, int s, __m512& w0, __m512& w1) {
         w0 = out[0];
         w1 = out[1];
     } else if constexpr (F == Format::kQ8_0) {
-        const __m512 d = _mm512_set1_ps(half_at(b));
+        const __m512 d = half_lanes(b);
         w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 2)))), d);
         w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 18)))), d);
     } else if constexpr (F == Format::kQ5_0 || F == Format::kQ5_1) {
@@ -133,7 +140,7 @@ RTP_AVX512 inline void decode(const uint8_t* b, int s, __m512& w0, __m512& w1) {
         w1 = _mm512_permutex2var_ps(t_low, i1, t_high);
     } else if constexpr (F == Format::kQ4_0 || F == Format::kQ4_1) {
         constexpr bool kMin = F == Format::kQ4_1;
-        const __m512 table = nibble_values(half_at(b), kMin ? half_at(b + 2) : 0.f, false, !kMin);
+        const __m512 table = nibble_values(half_lanes(b), kMin ? half_lanes(b + 2) : _mm512_setzero_ps(), false, !kMin);
         const uint8_t* qs = b + (kMin ? 4 : 2);
         nibble_lookup(qs, 0, table, w0);
         nibble_lookup(qs, 4, table, w1);
@@ -154,12 +161,12 @@ RTP_AVX512 void direct_rows(const uint8_t* wj, int64_t row_bytes, int64_t block_
     // The G rows are one contiguous span, and so are the next groups': the span two groups ahead is requested into
     // L2 a block's share per block step. Prefetching a few blocks ahead within each row left the streamed weights
     // at ~12 GB/s (rows are short: 612 bytes for K = 576 in Q4_1), and a step is latency-bound on them.
+    // (A prefetch past the span's end only reaches into the next group's rows, or is dropped: never a fault.)
     const int64_t blocks = k / quant::elements(F), span = G * row_bytes;
-    const int64_t per_step = (span + blocks - 1) / blocks;
+    const int64_t lines = (span + 63) / 64, per_step = (lines + blocks - 1) / blocks;
     const char* ahead = reinterpret_cast<const char*>(wj) + 2 * span;
     for (int64_t b = 0; b < blocks; ++b) {
-        for (int64_t off = b * per_step; off < std::min(span, (b + 1) * per_step); off += 64)
-            __builtin_prefetch(ahead + off, 0, 2);
+        for (int64_t i = 0; i < per_step; ++i) __builtin_prefetch(ahead + 64 * (b * per_step + i), 0, 2);
         for (int sb = 0; sb < kSubs; ++sb) {
             const int64_t at = b * quant::elements(F) + sb * kBlock;
             for (int q = 0; q < G; ++q) {
