@@ -93,21 +93,21 @@ RTP_AVX512 inline void decode(const uint8_t* b, int s, __m512& w0, __m512& w1) {
         w0 = _mm512_sub_ps(_mm512_mul_ps(ds, _mm512_cvtepi32_ps(bytes_to_epi32(q[0]))), dm);
         w1 = _mm512_sub_ps(_mm512_mul_ps(ds, _mm512_cvtepi32_ps(bytes_to_epi32(q[1]))), dm);
     } else if constexpr (F == Format::kQ6_K) {
+        // A sub-block's 32 low nibbles and 32 high bit pairs are 32 contiguous bytes each: assembled 32 at a time.
         const float d = half_at(b + 208);
         const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
         const int h = s / 4, k = s % 4;
-        const __m512i thirty_two = _mm512_set1_epi32(32);
-        __m512 out[2];
-        for (int t = 0; t < 2; ++t) {
-            const __m128i low = bits_of(_mm_loadu_si128((const __m128i*)(b + 64 * h + 32 * (k % 2) + 16 * t)),
-                                        4 * (k / 2), 0x0F);
-            const __m128i high = bits_of(_mm_loadu_si128((const __m128i*)(b + 128 + 32 * h + 16 * t)), 2 * k, 0x03);
-            const __m128i q = _mm_or_si128(low, _mm_slli_epi16(high, 4));
-            const __m512 qf = _mm512_cvtepi32_ps(_mm512_sub_epi32(bytes_to_epi32(q), thirty_two));
-            out[t] = _mm512_mul_ps(_mm512_set1_ps(d * static_cast<float>(scales[2 * s + t])), qf);
-        }
-        w0 = out[0];
-        w1 = out[1];
+        const __m256i lows = _mm256_loadu_si256((const __m256i*)(b + 64 * h + 32 * (k % 2)));
+        const __m256i highs = _mm256_loadu_si256((const __m256i*)(b + 128 + 32 * h));
+        const __m256i low = _mm256_and_si256(_mm256_srl_epi16(lows, _mm_cvtsi32_si128(4 * (k / 2))),
+                                             _mm256_set1_epi8(0x0F));
+        const __m256i high = _mm256_and_si256(_mm256_srl_epi16(highs, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(0x03));
+        // q - 32 in -32..31: a signed byte
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32));
+        w0 = _mm512_mul_ps(_mm512_set1_ps(d * static_cast<float>(scales[2 * s])),
+                           _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))));
+        w1 = _mm512_mul_ps(_mm512_set1_ps(d * static_cast<float>(scales[2 * s + 1])),
+                           _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))));
     } else if constexpr (F == Format::kQ8_0) {
         const __m512 d = half_lanes(b);
         w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 2)))), d);
@@ -286,8 +286,9 @@ RTP_AVX512 void through_scratch(const uint8_t* w, int64_t block_bytes, const flo
                     for (int64_t r = r0; r < r1; r += 3) {
                         const int rows = static_cast<int>(std::min<int64_t>(3, r1 - r));
                         // kRowBlock is a multiple of 3: triple (r - r0) / 3, group g0 / kGroup, 3 x kGroup vectors
-                        float* slot = park.empty() ? nullptr
-                                                   : &park[((r - r0) / 3 * (kPanel / kGroup) + g0 / kGroup) * 3 * kGroup * 16];
+                        const int64_t triple = (r - r0) / 3, group = g0 / kGroup;
+                        float* slot =
+                            park.empty() ? nullptr : &park[(triple * (kPanel / kGroup) + group) * 3 * kGroup * 16];
                         if (rows == 3) scratch_rows<3>(panel, x + r * k, k, c0, c1, slot, first, last, res);
                         if (rows == 2) scratch_rows<2>(panel, x + r * k, k, c0, c1, slot, first, last, res);
                         if (rows == 1) scratch_rows<1>(panel, x + r * k, k, c0, c1, slot, first, last, res);
