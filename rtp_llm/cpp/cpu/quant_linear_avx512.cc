@@ -64,34 +64,56 @@ RTP_AVX512 inline void nibble_lookup(const uint8_t* bytes, int shift, __m512 tab
     w = _mm512_permutexvar_ps(shift ? _mm512_srli_epi32(wide, 4) : wide, table);
 }
 
+// A Q4_K / Q5_K block's eight sub-block scales and mins, each product rounded as gguf's (d * sc, dmin * m): worked
+// out once per block where a step decodes all eight sub-blocks of it, not once per sub-block.
+struct KScales {
+    float ds[8], dm[8];
+};
+
+inline void k_scales(const uint8_t* b, KScales& ks) {
+    const float d = half_at(b), dmin = half_at(b + 2);
+    for (int s = 0; s < 8; ++s) {
+        int sc, m;
+        quant::k_scale_min(b + 4, s, &sc, &m);
+        ks.ds[s] = d * static_cast<float>(sc);
+        ks.dm[s] = dmin * static_cast<float>(m);
+    }
+}
+
+inline constexpr bool has_k_scales(Format f) { return f == Format::kQ4_K || f == Format::kQ5_K; }
+
+// Sub-block s of a Q4_K / Q5_K block with its scale ds and min dm.
+template <Format F>
+RTP_AVX512 inline void decode_k(const uint8_t* b, int s, float ds, float dm, __m512& w0, __m512& w1) {
+    if constexpr (F == Format::kQ4_K) {
+        const __m512 table = nibble_values(_mm512_set1_ps(ds), _mm512_set1_ps(dm), true, false);
+        const uint8_t* qs = b + 16 + 32 * (s / 2);
+        nibble_lookup(qs, 4 * (s % 2), table, w0);
+        nibble_lookup(qs + 16, 4 * (s % 2), table, w1);
+    } else {
+        static_assert(F == Format::kQ5_K, "decode_k: Q4_K or Q5_K");
+        // the sub-block's 32 low nibbles and 32 fifth bits are 32 contiguous bytes each: assembled 32 at a time
+        const __m256i lows = _mm256_loadu_si256((const __m256i*)(b + 48 + 32 * (s / 2)));
+        const __m256i fifths = _mm256_loadu_si256((const __m256i*)(b + 16));
+        const __m256i low = _mm256_and_si256(_mm256_srl_epi16(lows, _mm_cvtsi32_si128(4 * (s % 2))),
+                                             _mm256_set1_epi8(0x0F));
+        const __m256i fifth = _mm256_and_si256(_mm256_srl_epi16(fifths, _mm_cvtsi32_si128(s)), _mm256_set1_epi8(1));
+        const __m256i q = _mm256_or_si256(low, _mm256_slli_epi16(fifth, 4));  // bit 0 -> bit 4, within each byte
+        const __m512 vds = _mm512_set1_ps(ds), vdm = _mm512_set1_ps(dm);
+        w0 = _mm512_sub_ps(_mm512_mul_ps(vds, _mm512_cvtepi32_ps(bytes_to_epi32(_mm256_castsi256_si128(q)))), vdm);
+        w1 = _mm512_sub_ps(_mm512_mul_ps(vds, _mm512_cvtepi32_ps(bytes_to_epi32(_mm256_extracti128_si256(q, 1)))),
+                           vdm);
+    }
+}
+
 // Sub-block s (32 values) of a block: w0 = its elements 0-15, w1 = 16-31. The 32-element formats have one
 // (their low and high nibbles of the same 16 bytes); the k-quants eight.
 template <Format F>
 RTP_AVX512 inline void decode(const uint8_t* b, int s, __m512& w0, __m512& w1) {
-    if constexpr (F == Format::kQ4_K) {
+    if constexpr (has_k_scales(F)) {
         int sc, m;
         quant::k_scale_min(b + 4, s, &sc, &m);
-        const __m512 table = nibble_values(_mm512_set1_ps(half_at(b) * static_cast<float>(sc)),
-                                           _mm512_set1_ps(half_at(b + 2) * static_cast<float>(m)), true, false);
-        const uint8_t* qs = b + 16 + 32 * (s / 2);
-        nibble_lookup(qs, 4 * (s % 2), table, w0);
-        nibble_lookup(qs + 16, 4 * (s % 2), table, w1);
-    } else if constexpr (F == Format::kQ5_K) {
-        int sc, m;
-        quant::k_scale_min(b + 4, s, &sc, &m);
-        const __m512 ds = _mm512_set1_ps(half_at(b) * static_cast<float>(sc));
-        const __m512 dm = _mm512_set1_ps(half_at(b + 2) * static_cast<float>(m));
-        const uint8_t* qs = b + (F == Format::kQ5_K ? 48 : 16) + 32 * (s / 2);
-        __m128i q[2] = {bits_of(_mm_loadu_si128((const __m128i*)qs), 4 * (s % 2), 0x0F),
-                        bits_of(_mm_loadu_si128((const __m128i*)(qs + 16)), 4 * (s % 2), 0x0F)};
-        if constexpr (F == Format::kQ5_K) {
-            for (int h = 0; h < 2; ++h) {
-                const __m128i hi = bits_of(_mm_loadu_si128((const __m128i*)(b + 16 + 16 * h)), s, 0x01);
-                q[h] = _mm_or_si128(q[h], _mm_slli_epi16(hi, 4));  // bit 0 -> bit 4, within each byte
-            }
-        }
-        w0 = _mm512_sub_ps(_mm512_mul_ps(ds, _mm512_cvtepi32_ps(bytes_to_epi32(q[0]))), dm);
-        w1 = _mm512_sub_ps(_mm512_mul_ps(ds, _mm512_cvtepi32_ps(bytes_to_epi32(q[1]))), dm);
+        decode_k<F>(b, s, half_at(b) * static_cast<float>(sc), half_at(b + 2) * static_cast<float>(m), w0, w1);
     } else if constexpr (F == Format::kQ6_K) {
         // A sub-block's 32 low nibbles and 32 high bit pairs are 32 contiguous bytes each: assembled 32 at a time.
         const float d = half_at(b + 208);
@@ -101,7 +123,8 @@ RTP_AVX512 inline void decode(const uint8_t* b, int s, __m512& w0, __m512& w1) {
         const __m256i highs = _mm256_loadu_si256((const __m256i*)(b + 128 + 32 * h));
         const __m256i low = _mm256_and_si256(_mm256_srl_epi16(lows, _mm_cvtsi32_si128(4 * (k / 2))),
                                              _mm256_set1_epi8(0x0F));
-        const __m256i high = _mm256_and_si256(_mm256_srl_epi16(highs, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(0x03));
+        const __m256i high =
+            _mm256_and_si256(_mm256_srl_epi16(highs, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(0x03));
         // q - 32 in -32..31: a signed byte
         const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32));
         w0 = _mm512_mul_ps(_mm512_set1_ps(d * static_cast<float>(scales[2 * s])),
@@ -266,9 +289,16 @@ RTP_AVX512 void through_scratch(const uint8_t* w, int64_t block_bytes, const flo
         const int64_t cols = std::min<int64_t>(kPanel, j1 - p);
         for (int64_t q = 0; q < cols; ++q) {  // the panel's weight rows, decoded once
             for (int64_t b = 0; b < blocks; ++b) {
+                const uint8_t* block = w + (p + q) * row_bytes + b * block_bytes;
+                [[maybe_unused]] KScales ks;
+                if constexpr (has_k_scales(F)) k_scales(block, ks);
                 for (int sb = 0; sb < kSubs; ++sb) {
                     __m512 w0, w1;
-                    decode<F>(w + (p + q) * row_bytes + b * block_bytes, sb, w0, w1);
+                    if constexpr (has_k_scales(F)) {
+                        decode_k<F>(block, sb, ks.ds[sb], ks.dm[sb], w0, w1);
+                    } else {
+                        decode<F>(block, sb, w0, w1);
+                    }
                     float* dst = &scratch[q * k + b * quant::elements(F) + sb * kBlock];
                     _mm512_storeu_ps(dst, w0);
                     _mm512_storeu_ps(dst + 16, w1);
