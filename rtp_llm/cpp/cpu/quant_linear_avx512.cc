@@ -270,7 +270,7 @@ RTP_AVX512 void scratch_rows(const float* scratch, const float* x, int64_t k, in
 
 // Columns per tile: a group's kGroup decoded rows and three input rows over a tile stay in L1 (48 KiB here) while
 // every input row of the block passes; a longer K is cut into tiles, each group's sums parked in between.
-constexpr int64_t kTileBytes = 36 * 1024;
+constexpr int64_t kTileBytes = 40 * 1024;
 // Input rows per block: the block's share of x over a tile stays in L2 while the panel's groups pass.
 constexpr int64_t kRowBlock = 96;
 static_assert(kRowBlock % 3 == 0, "the parked sums are laid out by triples of rows");
@@ -280,8 +280,10 @@ RTP_AVX512 void through_scratch(const uint8_t* w, int64_t block_bytes, const flo
                                 int64_t m, int64_t k, int64_t n, int64_t j0, int64_t j1) {
     constexpr int kSubs = quant::elements(F) / kBlock;
     const int64_t blocks = k / quant::elements(F), row_bytes = blocks * block_bytes;
-    const int64_t per_tile = std::max<int64_t>(16, kTileBytes / ((kGroup + 3) * 4) / 16 * 16);
-    const int64_t tiles = (k + per_tile - 1) / per_tile;
+    // as few tiles as fit, of equal width (K 896: one tile, not 832 columns and a short one of 64)
+    const int64_t widest = std::max<int64_t>(16, kTileBytes / ((kGroup + 3) * 4) / 16 * 16);
+    const int64_t tiles = (k + widest - 1) / widest;
+    const int64_t per_tile = ((k + tiles - 1) / tiles + 15) / 16 * 16;
     // a short last group leaves earlier rows in the scratch: their sums are computed and dropped
     std::vector<float> scratch(static_cast<size_t>(kPanel) * k, 0.f);
     std::vector<float> park(tiles > 1 ? static_cast<size_t>(kRowBlock) * kPanel * 16 : 0);
