@@ -275,11 +275,36 @@ constexpr int64_t kTileBytes = 40 * 1024;
 constexpr int64_t kRowBlock = 96;
 static_assert(kRowBlock % 3 == 0, "the parked sums are laid out by triples of rows");
 
+// Weight rows [q0, q1) of a panel (w: its first row) decoded into scratch rows of k floats.
+template <Format F>
+RTP_AVX512 void decode_rows(const uint8_t* w, int64_t row_bytes, int64_t block_bytes, int64_t k, int64_t q0,
+                            int64_t q1, float* scratch) {
+    constexpr int kSubs = quant::elements(F) / kBlock;
+    const int64_t blocks = k / quant::elements(F);
+    for (int64_t q = q0; q < q1; ++q) {
+        for (int64_t b = 0; b < blocks; ++b) {
+            const uint8_t* block = w + q * row_bytes + b * block_bytes;
+            [[maybe_unused]] KScales ks;
+            if constexpr (has_k_scales(F)) k_scales(block, ks);
+            for (int sb = 0; sb < kSubs; ++sb) {
+                __m512 w0, w1;
+                if constexpr (has_k_scales(F)) {
+                    decode_k<F>(block, sb, ks.ds[sb], ks.dm[sb], w0, w1);
+                } else {
+                    decode<F>(block, sb, w0, w1);
+                }
+                float* dst = scratch + q * k + b * quant::elements(F) + sb * kBlock;
+                _mm512_storeu_ps(dst, w0);
+                _mm512_storeu_ps(dst + 16, w1);
+            }
+        }
+    }
+}
+
 template <Format F>
 RTP_AVX512 void through_scratch(const uint8_t* w, int64_t block_bytes, const float* x, const float* bias, float* out,
                                 int64_t m, int64_t k, int64_t n, int64_t j0, int64_t j1) {
-    constexpr int kSubs = quant::elements(F) / kBlock;
-    const int64_t blocks = k / quant::elements(F), row_bytes = blocks * block_bytes;
+    const int64_t row_bytes = k / quant::elements(F) * block_bytes;
     // as few tiles as fit, of equal width (K 896: one tile, not 832 columns and a short one of 64)
     const int64_t widest = std::max<int64_t>(16, kTileBytes / ((kGroup + 3) * 4) / 16 * 16);
     const int64_t tiles = (k + widest - 1) / widest;
@@ -289,24 +314,6 @@ RTP_AVX512 void through_scratch(const uint8_t* w, int64_t block_bytes, const flo
     std::vector<float> park(tiles > 1 ? static_cast<size_t>(kRowBlock) * kPanel * 16 : 0);
     for (int64_t p = j0; p < j1; p += kPanel) {
         const int64_t cols = std::min<int64_t>(kPanel, j1 - p);
-        for (int64_t q = 0; q < cols; ++q) {  // the panel's weight rows, decoded once
-            for (int64_t b = 0; b < blocks; ++b) {
-                const uint8_t* block = w + (p + q) * row_bytes + b * block_bytes;
-                [[maybe_unused]] KScales ks;
-                if constexpr (has_k_scales(F)) k_scales(block, ks);
-                for (int sb = 0; sb < kSubs; ++sb) {
-                    __m512 w0, w1;
-                    if constexpr (has_k_scales(F)) {
-                        decode_k<F>(block, sb, ks.ds[sb], ks.dm[sb], w0, w1);
-                    } else {
-                        decode<F>(block, sb, w0, w1);
-                    }
-                    float* dst = &scratch[q * k + b * quant::elements(F) + sb * kBlock];
-                    _mm512_storeu_ps(dst, w0);
-                    _mm512_storeu_ps(dst + 16, w1);
-                }
-            }
-        }
         float res[3][kGroup];
         for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
             const int64_t r1 = std::min(m, r0 + kRowBlock);
@@ -314,6 +321,11 @@ RTP_AVX512 void through_scratch(const uint8_t* w, int64_t block_bytes, const flo
                 const int64_t c0 = t * per_tile, c1 = std::min(k, c0 + per_tile);
                 const bool first = t == 0, last = t == tiles - 1;
                 for (int64_t g0 = 0; g0 < cols; g0 += kGroup) {
+                    // a group's weight rows, decoded once per panel just before their first pass (so they are in L1
+                    // then, not behind the other groups' decoding)
+                    if (r0 == 0 && first)
+                        decode_rows<F>(w + p * row_bytes, row_bytes, block_bytes, k, g0,
+                                       std::min<int64_t>(cols, g0 + kGroup), scratch.data());
                     const float* panel = &scratch[g0 * k];
                     for (int64_t r = r0; r < r1; r += 3) {
                         const int rows = static_cast<int>(std::min<int64_t>(3, r1 - r));
