@@ -159,16 +159,16 @@ class RtpLLMCheckout(PipePeer):
     benchmarks/peers/rtp_llm_peer.py: `--engines rtp_llm@.,rtp_llm@/path/to/old` measures a change against the
     code before it in one run, each in the same kind of process."""
 
-    def __init__(self, path: str, dtype: str = "float32"):
+    def __init__(self, path: str, dtype: str = "float32", quantization: str = "auto"):
         import sys
 
-        self.name = f"rtp_llm@{path}"
+        self.name = f"rtp_llm@{path}" if quantization == "auto" else f"rtp_llm_{quantization}@{path}"
         root = os.path.abspath(path)
         if not os.path.exists(os.path.join(root, "rtp_llm", "_C.so")):
             raise SystemExit(f"{root} is not a built rtp-llm checkout (no rtp_llm/_C.so: run scripts/setup.sh there)")
         env = dict(peer_environ(), PYTHONPATH=root)
         super().__init__([sys.executable, os.path.join(_ROOT, "benchmarks", "peers", "rtp_llm_peer.py"), "--dtype",
-                          dtype], env)
+                          dtype, "--quantization", quantization], env)
 
 
 class VLLM(PipePeer):

@@ -119,9 +119,12 @@ def _rounds(args, names, engines, prompts, wl, results, first_tokens) -> None:
 
 
 def _engine(name: str, dtype: str):
-    """An engine by name; rtp_llm@PATH is the rtp-llm checkout at PATH in a process of its own."""
+    """An engine by name; rtp_llm@PATH is the rtp-llm checkout at PATH in a process of its own,
+    rtp_llm_dequantized@PATH the same with a GGUF dequantized at load."""
     if name.startswith("rtp_llm@"):
         return RtpLLMCheckout(name.split("@", 1)[1], dtype=dtype)
+    if name.startswith("rtp_llm_dequantized@"):
+        return RtpLLMCheckout(name.split("@", 1)[1], dtype=dtype, quantization="none")
     return ENGINES[name](dtype=dtype)
 
 

@@ -119,15 +119,17 @@ template <typename T>
 void weighted_values_avx2(const SeqRows<T>& values, const float* probs, int64_t len, int64_t dim, int64_t group,
                           int64_t g0, int64_t g1, float* acc) {
     std::fill(acc + g0 * group * dim, acc + g1 * group * dim, 0.f);
-    for_each_value_tile(values, len, dim, g0, g1, [&](const T* const* rows, int64_t n, int64_t t0, int64_t g) {
+    const T* head_rows[kValueTile];
+    for_each_value_tile(values, len, g0, g1, [&](const T* const* rows, int64_t n, int64_t t0, int64_t g) {
+        for (int64_t t = 0; t < n; ++t) head_rows[t] = rows[t] + g * dim;
         for (int64_t h = g * group; h < (g + 1) * group; h += 4) {
             const float* p = probs + h * len + t0;
             float* a = acc + h * dim;
             switch (std::min<int64_t>(4, (g + 1) * group - h)) {
-                case 4: pv_heads<4>(rows, n, p, len, a, dim); break;
-                case 3: pv_heads<3>(rows, n, p, len, a, dim); break;
-                case 2: pv_heads<2>(rows, n, p, len, a, dim); break;
-                default: pv_heads<1>(rows, n, p, len, a, dim); break;
+                case 4: pv_heads<4>(head_rows, n, p, len, a, dim); break;
+                case 3: pv_heads<3>(head_rows, n, p, len, a, dim); break;
+                case 2: pv_heads<2>(head_rows, n, p, len, a, dim); break;
+                default: pv_heads<1>(head_rows, n, p, len, a, dim); break;
             }
         }
     });

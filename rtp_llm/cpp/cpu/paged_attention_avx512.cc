@@ -27,57 +27,96 @@ using avx512::load16;
 // Query heads taken together: NH x 8 keys = 24 accumulators, plus NH query vectors and a key vector.
 constexpr int kHeadsPerPass = 3;
 
-// out[h * len + t] = q_h . rows[t] for NT keys (8, or 1 for the tail) and NH query heads.
-template <int NT, int NH, typename T>
-RTP_AVX512 inline void score_tile(const T* const* rows, const float* q, int64_t dim, float* out, int64_t len) {
+// out[h * len + t] = q_h . (rows[t] + off) for NT keys (8, or 1 for the tail) and NH query heads; D: head_dim
+// when it is a compile-time constant (64, 128: the loops unroll and the accumulators stay in registers through
+// the reduction), 0 for any multiple of 16.
+template <int NT, int NH, int D, typename T>
+RTP_AVX512 inline void score_tile(const T* const* rows, int64_t off, const float* q, int64_t dim, float* out,
+                                  int64_t len) {
+    const int64_t n = D > 0 ? D : dim;
     __m512 acc[NH * NT];
     // Unrolled so that GCC keeps acc in registers: as a loop it becomes a memset of a stack copy (rep stos),
     // a fifth of this function's time.
 #pragma GCC unroll 24
     for (int a = 0; a < NH * NT; ++a) acc[a] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < dim; d += 16) {
+#pragma GCC unroll 8
+    for (int64_t d = 0; d < n; d += 16) {
         __m512 qv[NH];
-        for (int h = 0; h < NH; ++h) qv[h] = _mm512_loadu_ps(q + h * dim + d);
+        for (int h = 0; h < NH; ++h) qv[h] = _mm512_loadu_ps(q + h * n + d);
         for (int t = 0; t < NT; ++t) {
-            __m512 kv = load16(rows[t] + d);
+            __m512 kv = load16(rows[t] + off + d);
             asm("" : "+v"(kv));  // one load, kept for the NH FMAs (see gemv_avx512.cc)
             for (int h = 0; h < NH; ++h) acc[h * NT + t] = _mm512_fmadd_ps(kv, qv[h], acc[h * NT + t]);
         }
     }
-    for (int h = 0; h < NH; ++h) {
-        if constexpr (NT == 8) {
-            avx512::reduce8(acc + h * 8, out + h * len);
-        } else {
-            for (int t = 0; t < NT; ++t) out[h * len + t] = avx512::reduce1(acc[h * NT + t]);
+    if constexpr (NT == 8) {
+        int h = 0;
+        for (; h + 2 <= NH; h += 2) {  // two heads' 8 keys in one 16-wide reduction
+            const __m512 r = avx512::reduce16v(acc + h * 8);
+            _mm256_storeu_ps(out + h * len, _mm512_castps512_ps256(r));
+            _mm256_storeu_ps(out + (h + 1) * len, _mm512_extractf32x8_ps(r, 1));
         }
+        if (h < NH) _mm256_storeu_ps(out + h * len, avx512::reduce8v(acc + h * 8));
+    } else {
+        for (int h = 0; h < NH; ++h)
+            for (int t = 0; t < NT; ++t) out[h * len + t] = avx512::reduce1(acc[h * NT + t]);
     }
 }
 
-template <int NT, typename T>
-RTP_AVX512 inline void score_heads(const T* const* rows, const float* q, int64_t dim, int64_t heads, float* out,
-                                   int64_t len) {
+template <int NT, int D, typename T>
+RTP_AVX512 inline void score_heads(const T* const* rows, int64_t off, const float* q, int64_t dim, int64_t heads,
+                                   float* out, int64_t len) {
     for (int64_t h = 0; h < heads; h += kHeadsPerPass) {
         switch (std::min<int64_t>(kHeadsPerPass, heads - h)) {
-            case 3: score_tile<NT, 3>(rows, q + h * dim, dim, out + h * len, len); break;
-            case 2: score_tile<NT, 2>(rows, q + h * dim, dim, out + h * len, len); break;
-            default: score_tile<NT, 1>(rows, q + h * dim, dim, out + h * len, len); break;
+            case 3: score_tile<NT, 3, D>(rows, off, q + h * dim, dim, out + h * len, len); break;
+            case 2: score_tile<NT, 2, D>(rows, off, q + h * dim, dim, out + h * len, len); break;
+            default: score_tile<NT, 1, D>(rows, off, q + h * dim, dim, out + h * len, len); break;
         }
     }
 }
 
-// acc[i][col : col + 16 COLS] += sum over the n tokens of p[i, t] * v_t for NH query heads, the accumulators
-// in registers across the tile.
+// scores[(g - g0) * heads * lds + h * lds + j] = q[(g - g0) * heads + h] . k_j[g] for the KV heads [g0, g1), each
+// with `heads` query vectors (q scaled, [.., dim]), over the keys j < len: 8 keys per pass, the KV heads inside
+// so that each token row is read once while in L1, then the tail one key at a time. `ahead`: prefetch the rows
+// kAheadTokens ahead (decode, rows from memory; the prefill kernel's keys are already in L2).
+template <int D, typename T>
+RTP_AVX512 void scores_of_heads(const SeqRows<T>& keys, int64_t g0, int64_t g1, const float* q, int64_t heads,
+                                int64_t dim, int64_t len, float* scores, int64_t lds, bool ahead) {
+    const int64_t row_bytes = keys.token_stride * sizeof(T);
+    const T* rows[8];
+    int64_t j = 0;
+    for (; j + 8 <= len; j += 8) {
+        if (ahead) {
+            for (int64_t t = j + kAheadTokens; t < std::min(len, j + kAheadTokens + 8); ++t)
+                prefetch_row(keys(t), row_bytes);
+        }
+        for (int t = 0; t < 8; ++t) rows[t] = keys(j + t);
+        for (int64_t g = g0; g < g1; ++g)
+            score_heads<8, D>(rows, g * dim, q + (g - g0) * heads * dim, dim, heads,
+                              scores + (g - g0) * heads * lds + j, lds);
+    }
+    for (; j < len; ++j) {
+        rows[0] = keys(j);
+        for (int64_t g = g0; g < g1; ++g)
+            score_heads<1, D>(rows, g * dim, q + (g - g0) * heads * dim, dim, heads,
+                              scores + (g - g0) * heads * lds + j, lds);
+    }
+}
+
+// acc[i][col : col + 16 COLS] += sum over the n tokens of p[i, t] * (rows[t] + off)[...] for NH query heads, the
+// accumulators in registers across the tile.
 template <int NH, int COLS, typename T>
-RTP_AVX512 inline void value_tile(const T* const* rows, int64_t n, int64_t col, const float* probs, int64_t len,
-                                  float* acc, int64_t dim) {
+RTP_AVX512 inline void value_tile(const T* const* rows, int64_t off, int64_t n, int64_t col, const float* probs,
+                                  int64_t len, float* acc, int64_t dim) {
     __m512 a[NH][COLS];
     for (int i = 0; i < NH; ++i)
         for (int c = 0; c < COLS; ++c) a[i][c] = _mm512_loadu_ps(acc + i * dim + col + 16 * c);
     for (int64_t t = 0; t < n; ++t) {
         __m512 p[NH];
         for (int i = 0; i < NH; ++i) p[i] = _mm512_set1_ps(probs[i * len + t]);
+        const T* row = rows[t] + off + col;
         for (int c = 0; c < COLS; ++c) {
-            const __m512 v = load16(rows[t] + col + 16 * c);
+            const __m512 v = load16(row + 16 * c);
             for (int i = 0; i < NH; ++i) a[i][c] = _mm512_fmadd_ps(p[i], v, a[i][c]);
         }
     }
@@ -85,15 +124,36 @@ RTP_AVX512 inline void value_tile(const T* const* rows, int64_t n, int64_t col, 
         for (int c = 0; c < COLS; ++c) _mm512_storeu_ps(acc + i * dim + col + 16 * c, a[i][c]);
 }
 
-// Up to 3 query heads over all columns, in strips of 16 * COLS (NH x COLS <= 24 accumulators).
-template <int NH, typename T>
-RTP_AVX512 inline void value_heads(const T* const* rows, int64_t n, const float* probs, int64_t len, float* acc,
-                                   int64_t dim) {
-    constexpr int kCols = 8;
-    int64_t c = 0;
-    for (; c + 16 * kCols <= dim; c += 16 * kCols) value_tile<NH, kCols>(rows, n, c, probs, len, acc, dim);
-    for (; c + 64 <= dim; c += 64) value_tile<NH, 4>(rows, n, c, probs, len, acc, dim);
-    for (; c < dim; c += 16) value_tile<NH, 1>(rows, n, c, probs, len, acc, dim);
+// Up to 3 query heads over all columns, in strips of 16 * COLS (NH x COLS <= 24 accumulators); D as in score_tile.
+template <int NH, int D, typename T>
+RTP_AVX512 inline void value_heads(const T* const* rows, int64_t off, int64_t n, const float* probs, int64_t len,
+                                   float* acc, int64_t dim) {
+    if constexpr (D == 64 || D == 128) {
+        value_tile<NH, D / 16>(rows, off, n, 0, probs, len, acc, dim);
+    } else {
+        constexpr int kCols = 8;
+        int64_t c = 0;
+        for (; c + 16 * kCols <= dim; c += 16 * kCols) value_tile<NH, kCols>(rows, off, n, c, probs, len, acc, dim);
+        for (; c + 64 <= dim; c += 64) value_tile<NH, 4>(rows, off, n, c, probs, len, acc, dim);
+        for (; c < dim; c += 16) value_tile<NH, 1>(rows, off, n, c, probs, len, acc, dim);
+    }
+}
+
+template <int D, typename T>
+RTP_AVX512 void values_of_heads(const SeqRows<T>& values, const float* probs, int64_t len, int64_t dim, int64_t group,
+                                int64_t g0, int64_t g1, float* acc) {
+    std::fill(acc + g0 * group * dim, acc + g1 * group * dim, 0.f);
+    for_each_value_tile(values, len, g0, g1, [&](const T* const* rows, int64_t n, int64_t t0, int64_t g) {
+        for (int64_t h = g * group; h < (g + 1) * group; h += kHeadsPerPass) {
+            const float* p = probs + h * len + t0;
+            float* a = acc + h * dim;
+            switch (std::min<int64_t>(kHeadsPerPass, (g + 1) * group - h)) {
+                case 3: value_heads<3, D>(rows, g * dim, n, p, len, a, dim); break;
+                case 2: value_heads<2, D>(rows, g * dim, n, p, len, a, dim); break;
+                default: value_heads<1, D>(rows, g * dim, n, p, len, a, dim); break;
+            }
+        }
+    });
 }
 
 }  // namespace
@@ -101,36 +161,22 @@ RTP_AVX512 inline void value_heads(const T* const* rows, int64_t n, const float*
 template <typename T>
 RTP_AVX512 void attention_scores_avx512(const SeqRows<T>& keys, const float* qf, int64_t len, int64_t dim,
                                         int64_t group, int64_t g0, int64_t g1, float* scores) {
-    const int64_t row_bytes = keys.token_stride * sizeof(T);
-    const T* rows[8];
-    int64_t j = 0;
-    for (; j + 8 <= len; j += 8) {
-        for (int64_t t = j + kAheadTokens; t < std::min(len, j + kAheadTokens + 8); ++t) prefetch_row(keys(t), row_bytes);
-        for (int64_t g = g0; g < g1; ++g) {
-            for (int t = 0; t < 8; ++t) rows[t] = keys(j + t) + g * dim;
-            score_heads<8>(rows, qf + g * group * dim, dim, group, scores + g * group * len + j, len);
-        }
-    }
-    for (; j < len; ++j) {
-        for (int64_t g = g0; g < g1; ++g) {
-            rows[0] = keys(j) + g * dim;
-            score_heads<1>(rows, qf + g * group * dim, dim, group, scores + g * group * len + j, len);
-        }
+    const float* q = qf + g0 * group * dim;
+    float* out = scores + g0 * group * len;
+    switch (dim) {
+        case 64: scores_of_heads<64>(keys, g0, g1, q, group, dim, len, out, len, true); break;
+        case 128: scores_of_heads<128>(keys, g0, g1, q, group, dim, len, out, len, true); break;
+        default: scores_of_heads<0>(keys, g0, g1, q, group, dim, len, out, len, true); break;
     }
 }
 
 template <typename T>
 RTP_AVX512 void query_scores_avx512(const SeqRows<T>& keys, int64_t g, const float* q, int64_t nq, int64_t dim,
                                     int64_t len, float* scores, int64_t lds) {
-    const T* rows[8];
-    int64_t j = 0;
-    for (; j + 8 <= len; j += 8) {
-        for (int t = 0; t < 8; ++t) rows[t] = keys(j + t) + g * dim;
-        score_heads<8>(rows, q, dim, nq, scores + j, lds);
-    }
-    for (; j < len; ++j) {
-        rows[0] = keys(j) + g * dim;
-        score_heads<1>(rows, q, dim, nq, scores + j, lds);
+    switch (dim) {
+        case 64: scores_of_heads<64>(keys, g, g + 1, q, nq, dim, len, scores, lds, false); break;
+        case 128: scores_of_heads<128>(keys, g, g + 1, q, nq, dim, len, scores, lds, false); break;
+        default: scores_of_heads<0>(keys, g, g + 1, q, nq, dim, len, scores, lds, false); break;
     }
 }
 
@@ -160,18 +206,11 @@ RTP_AVX512 void softmax_row_avx512(float* s, int64_t len, int64_t end) {
 template <typename T>
 RTP_AVX512 void attention_values_avx512(const SeqRows<T>& values, const float* probs, int64_t len, int64_t dim,
                                         int64_t group, int64_t g0, int64_t g1, float* acc) {
-    std::fill(acc + g0 * group * dim, acc + g1 * group * dim, 0.f);
-    for_each_value_tile(values, len, dim, g0, g1, [&](const T* const* rows, int64_t n, int64_t t0, int64_t g) {
-        for (int64_t h = g * group; h < (g + 1) * group; h += kHeadsPerPass) {
-            const float* p = probs + h * len + t0;
-            float* a = acc + h * dim;
-            switch (std::min<int64_t>(kHeadsPerPass, (g + 1) * group - h)) {
-                case 3: value_heads<3>(rows, n, p, len, a, dim); break;
-                case 2: value_heads<2>(rows, n, p, len, a, dim); break;
-                default: value_heads<1>(rows, n, p, len, a, dim); break;
-            }
-        }
-    });
+    switch (dim) {
+        case 64: values_of_heads<64>(values, probs, len, dim, group, g0, g1, acc); break;
+        case 128: values_of_heads<128>(values, probs, len, dim, group, g0, g1, acc); break;
+        default: values_of_heads<0>(values, probs, len, dim, group, g0, g1, acc); break;
+    }
 }
 
 #define RTP_INSTANTIATE(T)                                                                                      \

@@ -41,21 +41,19 @@ inline void prefetch_row(const T* row, int64_t bytes) {
 
 // The values pass's walk over a sequence, shared by both kernels: tiles of kValueTile tokens whose rows
 // stay in L1 while every KV head's pass runs over them, the next tile's rows prefetched meanwhile.
-// fn(rows, n, t0, g) per tile and KV head g in [g0, g1); rows[t] points at token t0 + t's head-g values.
+// fn(rows, n, t0, g) per tile and KV head g in [g0, g1); rows[t] points at token t0 + t's row (head g's values
+// start g * head_dim further), looked up once per tile.
 constexpr int64_t kValueTile = 16;
 
 template <typename T, typename Fn>
-inline void for_each_value_tile(const SeqRows<T>& values, int64_t len, int64_t dim, int64_t g0, int64_t g1,
-                                Fn&& fn) {
+inline void for_each_value_tile(const SeqRows<T>& values, int64_t len, int64_t g0, int64_t g1, Fn&& fn) {
     const int64_t row_bytes = values.token_stride * sizeof(T);
     const T* rows[kValueTile];
     for (int64_t t0 = 0; t0 < len; t0 += kValueTile) {
         const int64_t n = len - t0 < kValueTile ? len - t0 : kValueTile;
         for (int64_t t = t0 + kValueTile; t < len && t < t0 + 2 * kValueTile; ++t) prefetch_row(values(t), row_bytes);
-        for (int64_t g = g0; g < g1; ++g) {
-            for (int64_t t = 0; t < n; ++t) rows[t] = values(t0 + t) + g * dim;
-            fn(static_cast<const T* const*>(rows), n, t0, g);
-        }
+        for (int64_t t = 0; t < n; ++t) rows[t] = values(t0 + t);
+        for (int64_t g = g0; g < g1; ++g) fn(static_cast<const T* const*>(rows), n, t0, g);
     }
 }
 
