@@ -78,6 +78,10 @@ std::tuple<at::Tensor, at::Tensor> pack_greedy_screen(const at::Tensor& w);
 at::Tensor greedy_head(const at::Tensor& h, const at::Tensor& screen, const at::Tensor& bounds,
                        const at::Tensor& weight);
 
+// argmax per row of [rows, vocab] float32 / bf16 logits, ties to the lowest index as torch.argmax; -1 for rows
+// holding a NaN (argmax_rows.cc).
+at::Tensor argmax_rows(const at::Tensor& logits);
+
 // --- norms, rotary, activation (norm_rotary.cc, activation.cc) ----------------------------------------------
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // (norm(x + residual) * weight, x + residual)

@@ -32,6 +32,7 @@ TORCH_LIBRARY(rtp_llm, m) {
     m.def("panel_linear_silu(Tensor x, Tensor panels, Tensor? bias, int inter) -> Tensor");
     m.def("pack_greedy_screen(Tensor w) -> (Tensor, Tensor)");
     m.def("greedy_head(Tensor h, Tensor screen, Tensor bounds, Tensor weight) -> Tensor");
+    m.def("argmax_rows(Tensor logits) -> Tensor");
 
     m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
     m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
@@ -62,6 +63,7 @@ TORCH_LIBRARY_IMPL(rtp_llm, CPU, m) {
     m.impl("panel_linear_silu", &panel_linear_silu);
     m.impl("pack_greedy_screen", &pack_greedy_screen);
     m.impl("greedy_head", &greedy_head);
+    m.impl("argmax_rows", &argmax_rows);
     m.impl("rms_norm", &rms_norm);
     m.impl("add_rms_norm", &add_rms_norm);
     m.impl("rotary", &rotary);

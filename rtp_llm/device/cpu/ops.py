@@ -1,6 +1,7 @@
 """The CPU's op set: TorchOps, with the C++ kernels of rtp_llm/_ops.so (rtp_llm/cpp/cpu/) where they apply:
 - linear layers and the LM head on the kernels device/cpu/linear.py chooses once per weight;
-- greedy steps of a float32 head on panels: the argmax through an exact bf16 screen (greedy_head.cc);
+- greedy steps of a float32 head on panels: the argmax through an exact bf16 screen (greedy_head.cc); of other
+  heads (bf16, GGUF as stored): every logit, then the argmax in one vectorised pass (argmax_rows.cc);
 - RMSNorm, residual add + RMSNorm and RoPE as one op each instead of 6-12 aten ops, whose dispatch dominates them
   at decode batch sizes; the SiLU-gated activation in one pass (or inside gate_up's kernel: gated panels);
 - a prefill's MLP in row pieces, so that each piece's gate_up output stays in cache;
@@ -56,12 +57,20 @@ class CpuOps(TorchOps):
 
     def greedy_tokens(self, h, head):
         screen = getattr(head.kernel, "screen", None)
-        if screen is None or h.dtype != torch.float32 or h.dim() != 2:
-            return super().greedy_tokens(h, head)
-        ids = self.kernels.greedy_head(h, screen[0], screen[1], head.weight)
-        rest = ids < 0  # rows with non-finite values: their full logits decide
+        if screen is not None and h.dtype == torch.float32 and h.dim() == 2:
+            ids = self.kernels.greedy_head(h, screen[0], screen[1], head.weight)
+            rest = ids < 0  # rows with non-finite values: their full logits decide
+            if bool(rest.any()):
+                ids[rest] = super().greedy_tokens(h[rest], head)
+            return ids
+        logits = head(h)
+        if logits.dim() != 2 or logits.dtype not in self.FUSED_DTYPES:
+            return logits.float().argmax(dim=-1)
+        # Every logit computed (bf16 heads, GGUF heads as stored): the argmax in one vectorised pass.
+        ids = self.kernels.argmax_rows(logits)
+        rest = ids < 0  # rows holding a NaN: torch.argmax says which one wins
         if bool(rest.any()):
-            ids[rest] = super().greedy_tokens(h[rest], head)
+            ids[rest] = logits[rest].float().argmax(dim=-1)
         return ids
 
     def rms_norm(self, x, weight, eps):

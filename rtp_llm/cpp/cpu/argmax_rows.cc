@@ -1,0 +1,97 @@
+// The greedy token of each row of logits: argmax with torch.argmax's ties (the lowest index), for heads whose
+// logits are computed in full (bf16 runs, GGUF heads kept as stored).
+//
+// Why: torch's argmax reduces one element at a time, and a bf16 row first becomes a float32 copy: 0.86 ms per
+// decode step of 32 rows x 49,152 logits here, a few percent of the step (benchmarks/README.md). Here 8 lanes keep
+// their running maximum and its index, four such sets to hide the compare-and-blend latency.
+#include <ATen/ATen.h>
+
+#include "rtp_llm/cpp/cpu/ops.h"
+#include "rtp_llm/cpp/cpu/vec/avx2.h"
+#include "rtp_llm/cpp/cpu/work_pool.h"
+
+#include <cmath>
+
+namespace rtp_llm {
+namespace {
+
+// The index of the row's first maximum; -1 if the row holds a NaN (torch.argmax then names the first NaN: the
+// caller asks torch for those rows).
+template <typename T>
+int64_t row_argmax(const T* x, int64_t n) {
+    int64_t i = 0;
+    float best = -INFINITY;
+    int64_t best_i = 0;
+#ifdef __AVX2__
+    if (n >= 32) {
+        constexpr int kSets = 4;
+        __m256 mx[kSets], unordered = _mm256_setzero_ps();
+        __m256i at[kSets];
+        const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        for (int s = 0; s < kSets; ++s) {
+            mx[s] = vec::load8(x + 8 * s);
+            at[s] = _mm256_add_epi32(lanes, _mm256_set1_epi32(8 * s));
+            unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(mx[s], mx[s], _CMP_UNORD_Q));
+        }
+        __m256i idx = _mm256_add_epi32(lanes, _mm256_set1_epi32(32));
+        const __m256i step = _mm256_set1_epi32(8);
+        for (i = 32; i + 32 <= n; i += 32) {
+            for (int s = 0; s < kSets; ++s) {
+                const __m256 v = vec::load8(x + i + 8 * s);
+                const __m256 gt = _mm256_cmp_ps(v, mx[s], _CMP_GT_OQ);  // strictly greater: the first one stays
+                unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+                mx[s] = _mm256_blendv_ps(mx[s], v, gt);
+                at[s] = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(at[s]), _mm256_castsi256_ps(idx), gt));
+                idx = _mm256_add_epi32(idx, step);
+            }
+        }
+        if (_mm256_movemask_ps(unordered)) return -1;
+        alignas(32) float m[kSets][8];
+        alignas(32) int32_t a[kSets][8];
+        for (int s = 0; s < kSets; ++s) {
+            _mm256_store_ps(m[s], mx[s]);
+            _mm256_store_si256(reinterpret_cast<__m256i*>(a[s]), at[s]);
+        }
+        best = m[0][0], best_i = a[0][0];
+        for (int s = 0; s < kSets; ++s)
+            for (int l = 0; l < 8; ++l)
+                if (m[s][l] > best || (m[s][l] == best && a[s][l] < best_i)) best = m[s][l], best_i = a[s][l];
+    }
+#endif
+    for (; i < n; ++i) {
+        const float v = static_cast<float>(x[i]);
+        if (std::isnan(v)) return -1;
+        if (v > best || i == 0) best = v, best_i = i;
+    }
+    return best_i;
+}
+
+template <typename T>
+void argmax_all(const at::Tensor& logits, at::Tensor& ids) {
+    const int64_t rows = logits.size(0), n = logits.size(1);
+    const T* x = logits.data_ptr<T>();
+    int64_t* out = ids.data_ptr<int64_t>();
+    parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) out[r] = row_argmax(x + r * n, n);
+    });
+}
+
+}  // namespace
+
+at::Tensor argmax_rows(const at::Tensor& logits) {
+    TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.size(1) >= 1,
+                "argmax_rows: logits must be a [rows, vocab >= 1] CPU tensor, got ", logits.sizes());
+    TORCH_CHECK(logits.size(1) < (int64_t{1} << 31), "argmax_rows: a row of 2^31 logits or more");
+    auto c = logits.contiguous();
+    auto ids = at::empty({c.size(0)}, c.options().dtype(at::kLong));
+    if (c.scalar_type() == at::kFloat) {
+        argmax_all<float>(c, ids);
+    } else if (c.scalar_type() == at::kBFloat16) {
+        argmax_all<c10::BFloat16>(c, ids);
+    } else {
+        TORCH_CHECK(false, "argmax_rows: float32 or bfloat16 logits, got ", c.scalar_type());
+    }
+    return ids;
+}
+
+}  // namespace rtp_llm
