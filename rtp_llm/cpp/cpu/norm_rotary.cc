@@ -31,19 +31,66 @@ void check_rows(const at::Tensor& x, const at::Tensor& weight, const char* op) {
                 op, ": weight must be ", x.scalar_type(), " [", x.size(-1), "]");
 }
 
-// out = w * T(in * rsqrt(mean(in^2) + eps)), the products in float32, rounded to T where the reference rounds.
+#ifdef __AVX2__
+// x rounded to T's precision, in registers: the identity for float, bf16 round-to-nearest-even for BFloat16 (the
+// bits of vec::to; NaN payloads aside).
+inline __m256 round8(__m256 x, const float*) { return x; }
+inline __m256 round8(__m256 x, const c10::BFloat16*) {
+    const __m256i bits = _mm256_castps_si256(x);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
+    return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+#endif
+
+// sum of in[i]^2 in float32: 8 lanes (two chains of them) summed in vec::hsum's tree, then a tail in order. The
+// same function for every row, so a row's norm does not depend on the batch.
 template <typename T>
-inline void norm_row(const T* in, const T* w, float eps, int64_t n, T* out) {
+inline float sum_squares(const T* in, int64_t n) {
+    int64_t i = 0;
     float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < n; ++i) {
+#ifdef __AVX2__
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        const __m256 v0 = vec::load8(in + i), v1 = vec::load8(in + i + 8);
+        a0 = _mm256_fmadd_ps(v0, v0, a0), a1 = _mm256_fmadd_ps(v1, v1, a1);
+    }
+    if (i + 8 <= n) {
+        const __m256 v0 = vec::load8(in + i);
+        a0 = _mm256_fmadd_ps(v0, v0, a0), i += 8;
+    }
+    ss = vec::hsum(_mm256_add_ps(a0, a1));
+#endif
+    for (; i < n; ++i) {
         const float v = static_cast<float>(in[i]);
         ss += v * v;
     }
-    const float r = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i)
+    return ss;
+}
+
+// out = w * T(in * rsqrt(mean(in^2) + eps)), the products in float32, rounded to T where the reference rounds.
+template <typename T>
+inline void norm_row(const T* in, const T* w, float eps, int64_t n, T* out) {
+    const float r = 1.f / std::sqrt(sum_squares(in, n) / static_cast<float>(n) + eps);
+    int64_t i = 0;
+#ifdef __AVX2__
+    const __m256 rv = _mm256_set1_ps(r);
+    for (; i + 8 <= n; i += 8)
+        vec::store8(out + i, _mm256_mul_ps(vec::load8(w + i), round8(_mm256_mul_ps(vec::load8(in + i), rv), in)));
+#endif
+    for (; i < n; ++i)
         out[i] = vec::to<T>(static_cast<float>(w[i]) * vec::round_as<T>(static_cast<float>(in[i]) * r));
+}
+
+// s = T(x + res), then its norm as norm_row.
+template <typename T>
+inline void add_norm_row(const T* x, const T* res, const T* w, float eps, int64_t n, T* s, T* out) {
+    int64_t i = 0;
+#ifdef __AVX2__
+    for (; i + 8 <= n; i += 8) vec::store8(s + i, _mm256_add_ps(vec::load8(x + i), vec::load8(res + i)));
+#endif
+    for (; i < n; ++i) s[i] = vec::to<T>(static_cast<float>(x[i]) + static_cast<float>(res[i]));
+    norm_row<T>(s, w, eps, n, out);
 }
 
 // Rows per task: 16, so that a decode step's 17-64 rows are shared by the threads (serial, a step's norms left
@@ -81,13 +128,8 @@ void add_rms_norm_rows(const at::Tensor& x, const at::Tensor& residual, const at
     const T *xp = x.data_ptr<T>(), *rp = residual.data_ptr<T>(), *wp = weight.data_ptr<T>();
     T *sp = sum.data_ptr<T>(), *op = out.data_ptr<T>();
     parallel_for(0, rows, kNormGrain, [&](int64_t b, int64_t e) {
-        for (int64_t r = b; r < e; ++r) {
-            T* s = sp + r * n;
-#pragma omp simd
-            for (int64_t i = 0; i < n; ++i)
-                s[i] = vec::to<T>(static_cast<float>(xp[r * n + i]) + static_cast<float>(rp[r * n + i]));
-            norm_row<T>(s, wp, static_cast<float>(eps), n, op + r * n);
-        }
+        for (int64_t r = b; r < e; ++r)
+            add_norm_row<T>(xp + r * n, rp + r * n, wp, static_cast<float>(eps), n, sp + r * n, op + r * n);
     });
 }
 
@@ -121,8 +163,20 @@ void rotate_one(at::Tensor& x, const T* cp, const T* sp) {
             const T *c = cp + t * dim, *s = sp + t * dim;
             for (int64_t h = 0; h < heads; ++h) {
                 T* v = xp + (t * heads + h) * dim;
-#pragma omp simd
-                for (int64_t i = 0; i < half; ++i) {
+                int64_t i = 0;
+#ifdef __AVX2__
+                for (; i + 8 <= half; i += 8) {
+                    const __m256 a = vec::load8(v + i), bb = vec::load8(v + i + half);
+                    const __m256 c0 = vec::load8(c + i), c1 = vec::load8(c + i + half);
+                    const __m256 s0 = vec::load8(s + i), s1 = vec::load8(s + i + half);
+                    const __m256 neg = _mm256_set1_ps(-0.f);
+                    vec::store8(v + i, _mm256_add_ps(round8(_mm256_mul_ps(a, c0), v),
+                                                     round8(_mm256_mul_ps(_mm256_xor_ps(bb, neg), s0), v)));
+                    vec::store8(v + i + half, _mm256_add_ps(round8(_mm256_mul_ps(bb, c1), v),
+                                                            round8(_mm256_mul_ps(a, s1), v)));
+                }
+#endif
+                for (; i < half; ++i) {
                     const float a = static_cast<float>(v[i]), bb = static_cast<float>(v[i + half]);
                     const float c0 = static_cast<float>(c[i]), c1 = static_cast<float>(c[i + half]);
                     const float s0 = static_cast<float>(s[i]), s1 = static_cast<float>(s[i + half]);
