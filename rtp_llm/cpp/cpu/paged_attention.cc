@@ -202,7 +202,9 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
 #ifdef __AVX2__
             if constexpr (std::is_same_v<T, float> || std::is_same_v<T, at::BFloat16>) {
                 if (wide) {
-                    attention_scores_avx512(keys, qf.data(), len, dim, group, g0, g1, scores.data());
+                    const int64_t with_keys = values_with_keys(len, token_stride * sizeof(T));
+                    attention_scores_avx512(keys, values, with_keys, qf.data(), len, dim, group, g0, g1,
+                                            scores.data());
                     for (int64_t h = h0; h < h1; ++h) softmax_row_avx512(&scores[h * len], len, len);
                     attention_values_avx512(values, scores.data(), len, dim, group, g0, g1, acc.data());
                     for (int64_t i = h0 * dim; i < h1 * dim; ++i) op[b * heads * dim + i] = static_cast<T>(acc[i]);

@@ -78,17 +78,21 @@ RTP_AVX512 inline void score_heads(const T* const* rows, int64_t off, const floa
 // scores[(g - g0) * heads * lds + h * lds + j] = q[(g - g0) * heads + h] . k_j[g] for the KV heads [g0, g1), each
 // with `heads` query vectors (q scaled, [.., dim]), over the keys j < len: 8 keys per pass, the KV heads inside
 // so that each token row is read once while in L1, then the tail one key at a time. `ahead`: prefetch the rows
-// kAheadTokens ahead (decode, rows from memory; the prefill kernel's keys are already in L2).
+// kAheadTokens ahead (decode, rows from memory; the prefill kernel's keys are already in L2), and with them the
+// rows of values(t) for t < with_values.
 template <int D, typename T>
 RTP_AVX512 void scores_of_heads(const SeqRows<T>& keys, int64_t g0, int64_t g1, const float* q, int64_t heads,
-                                int64_t dim, int64_t len, float* scores, int64_t lds, bool ahead) {
+                                int64_t dim, int64_t len, float* scores, int64_t lds, bool ahead,
+                                const SeqRows<T>* values = nullptr, int64_t with_values = 0) {
     const int64_t row_bytes = keys.token_stride * sizeof(T);
     const T* rows[8];
     int64_t j = 0;
     for (; j + 8 <= len; j += 8) {
         if (ahead) {
-            for (int64_t t = j + kAheadTokens; t < std::min(len, j + kAheadTokens + 8); ++t)
+            for (int64_t t = j + kAheadTokens; t < std::min(len, j + kAheadTokens + 8); ++t) {
                 prefetch_row(keys(t), row_bytes);
+                if (t < with_values) prefetch_row((*values)(t), row_bytes);
+            }
         }
         for (int t = 0; t < 8; ++t) rows[t] = keys(j + t);
         for (int64_t g = g0; g < g1; ++g)
@@ -159,14 +163,15 @@ RTP_AVX512 void values_of_heads(const SeqRows<T>& values, const float* probs, in
 }  // namespace
 
 template <typename T>
-RTP_AVX512 void attention_scores_avx512(const SeqRows<T>& keys, const float* qf, int64_t len, int64_t dim,
-                                        int64_t group, int64_t g0, int64_t g1, float* scores) {
+RTP_AVX512 void attention_scores_avx512(const SeqRows<T>& keys, const SeqRows<T>& values, int64_t with_values,
+                                        const float* qf, int64_t len, int64_t dim, int64_t group, int64_t g0,
+                                        int64_t g1, float* scores) {
     const float* q = qf + g0 * group * dim;
     float* out = scores + g0 * group * len;
     switch (dim) {
-        case 64: scores_of_heads<64>(keys, g0, g1, q, group, dim, len, out, len, true); break;
-        case 128: scores_of_heads<128>(keys, g0, g1, q, group, dim, len, out, len, true); break;
-        default: scores_of_heads<0>(keys, g0, g1, q, group, dim, len, out, len, true); break;
+        case 64: scores_of_heads<64>(keys, g0, g1, q, group, dim, len, out, len, true, &values, with_values); break;
+        case 128: scores_of_heads<128>(keys, g0, g1, q, group, dim, len, out, len, true, &values, with_values); break;
+        default: scores_of_heads<0>(keys, g0, g1, q, group, dim, len, out, len, true, &values, with_values); break;
     }
 }
 
@@ -214,8 +219,8 @@ RTP_AVX512 void attention_values_avx512(const SeqRows<T>& values, const float* p
 }
 
 #define RTP_INSTANTIATE(T)                                                                                      \
-    template void attention_scores_avx512<T>(const SeqRows<T>&, const float*, int64_t, int64_t, int64_t, int64_t, \
-                                             int64_t, float*);                                                  \
+    template void attention_scores_avx512<T>(const SeqRows<T>&, const SeqRows<T>&, int64_t, const float*, int64_t, \
+                                             int64_t, int64_t, int64_t, int64_t, float*);                       \
     template void attention_values_avx512<T>(const SeqRows<T>&, const float*, int64_t, int64_t, int64_t, int64_t, \
                                              int64_t, float*);                                                  \
     template void query_scores_avx512<T>(const SeqRows<T>&, int64_t, const float*, int64_t, int64_t, int64_t,     \
@@ -232,22 +237,21 @@ namespace rtp_llm {
 void softmax_row_avx512(float*, int64_t, int64_t) {}
 template <typename T>
 void query_scores_avx512(const SeqRows<T>&, int64_t, const float*, int64_t, int64_t, int64_t, float*, int64_t) {}
-template void query_scores_avx512<float>(const SeqRows<float>&, int64_t, const float*, int64_t, int64_t, int64_t,
-                                         float*, int64_t);
-template void query_scores_avx512<c10::BFloat16>(const SeqRows<c10::BFloat16>&, int64_t, const float*, int64_t,
-                                                 int64_t, int64_t, float*, int64_t);
 template <typename T>
-void attention_scores_avx512(const SeqRows<T>&, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, float*) {}
+void attention_scores_avx512(const SeqRows<T>&, const SeqRows<T>&, int64_t, const float*, int64_t, int64_t, int64_t,
+                             int64_t, int64_t, float*) {}
 template <typename T>
 void attention_values_avx512(const SeqRows<T>&, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, float*) {}
-template void attention_scores_avx512<float>(const SeqRows<float>&, const float*, int64_t, int64_t, int64_t, int64_t,
-                                             int64_t, float*);
-template void attention_values_avx512<float>(const SeqRows<float>&, const float*, int64_t, int64_t, int64_t, int64_t,
-                                             int64_t, float*);
-template void attention_scores_avx512<c10::BFloat16>(const SeqRows<c10::BFloat16>&, const float*, int64_t, int64_t,
-                                                     int64_t, int64_t, int64_t, float*);
-template void attention_values_avx512<c10::BFloat16>(const SeqRows<c10::BFloat16>&, const float*, int64_t, int64_t,
-                                                     int64_t, int64_t, int64_t, float*);
+#define RTP_INSTANTIATE(T)                                                                                      \
+    template void attention_scores_avx512<T>(const SeqRows<T>&, const SeqRows<T>&, int64_t, const float*, int64_t, \
+                                             int64_t, int64_t, int64_t, int64_t, float*);                       \
+    template void attention_values_avx512<T>(const SeqRows<T>&, const float*, int64_t, int64_t, int64_t, int64_t, \
+                                             int64_t, float*);                                                  \
+    template void query_scores_avx512<T>(const SeqRows<T>&, int64_t, const float*, int64_t, int64_t, int64_t,     \
+                                         float*, int64_t);
+RTP_INSTANTIATE(float)
+RTP_INSTANTIATE(c10::BFloat16)
+#undef RTP_INSTANTIATE
 }  // namespace rtp_llm
 
 #endif

@@ -39,8 +39,20 @@ inline void prefetch_row(const T* row, int64_t bytes) {
     for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 2);
 }
 
+// The values the AVX-512 scores pass requests into L2 beside their keys, as many tokens as fit this many bytes
+// (L2 is 1-2 MiB per core on the CPUs this runs on): memory then streams K and V at once, twice the lines in
+// flight (benchmarks/README.md). A longer sequence's later values are left to the values pass, so that none is
+// evicted before its use.
+constexpr int64_t kValuesWithKeysBytes = 256 * 1024;
+
+inline int64_t values_with_keys(int64_t len, int64_t row_bytes) {
+    const int64_t fit = kValuesWithKeysBytes / row_bytes;
+    return len < fit ? len : fit;
+}
+
 // The values pass's walk over a sequence, shared by both kernels: tiles of kValueTile tokens whose rows
-// stay in L1 while every KV head's pass runs over them, the next tile's rows prefetched meanwhile.
+// stay in L1 while every KV head's pass runs over them, the next tile's rows prefetched meanwhile (also when
+// the scores pass requested them: under load some requests are dropped, and asking again was faster).
 // fn(rows, n, t0, g) per tile and KV head g in [g0, g1); rows[t] points at token t0 + t's row (head g's values
 // start g * head_dim further), looked up once per tile.
 constexpr int64_t kValueTile = 16;
@@ -60,10 +72,11 @@ inline void for_each_value_tile(const SeqRows<T>& values, int64_t len, int64_t g
 // The AVX-512 halves of the paged attention kernel (paged_attention_avx512.cc), used by paged_attention.cc for
 // one sequence's task when the CPU has AVX-512 and head_dim % 16 == 0.
 // scores[h * len + j] = q_h . k_j for the query heads of KV heads [g0, g1) (group query heads each), every key
-// j < len read in place; qf: float32 queries, already scaled.
+// j < len read in place; qf: float32 queries, already scaled. The rows of values(t), t < with_values, are
+// requested into L2 as the keys are read (values_with_keys).
 template <typename T>
-void attention_scores_avx512(const SeqRows<T>& keys, const float* qf, int64_t len, int64_t dim, int64_t group,
-                             int64_t g0, int64_t g1, float* scores);
+void attention_scores_avx512(const SeqRows<T>& keys, const SeqRows<T>& values, int64_t with_values, const float* qf,
+                             int64_t len, int64_t dim, int64_t group, int64_t g0, int64_t g1, float* scores);
 
 // acc[h * dim : (h + 1) * dim] = sum_j probs[h * len + j] * v_j for the same query heads.
 template <typename T>
