@@ -13,6 +13,15 @@
 // chunked, after a cached prefix or recomputed after preemption gives the tokens it gives whole).
 #include "rtp_llm/cpp/cpu/paged_rows.h"
 
+// The instantiations both branches below provide (the AVX-512 code, or stubs where it cannot be compiled).
+#define RTP_INSTANTIATE(T)                                                                                      \
+    template void attention_scores_avx512<T>(const SeqRows<T>&, const SeqRows<T>&, int64_t, const float*, int64_t, \
+                                             int64_t, int64_t, int64_t, int64_t, float*);                       \
+    template void attention_values_avx512<T>(const SeqRows<T>&, const float*, int64_t, int64_t, int64_t, int64_t, \
+                                             int64_t, float*);                                                  \
+    template void query_scores_avx512<T>(const SeqRows<T>&, int64_t, const float*, int64_t, int64_t, int64_t,     \
+                                         float*, int64_t);
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include "rtp_llm/cpp/cpu/vec/avx512.h"
 
@@ -218,13 +227,6 @@ RTP_AVX512 void attention_values_avx512(const SeqRows<T>& values, const float* p
     }
 }
 
-#define RTP_INSTANTIATE(T)                                                                                      \
-    template void attention_scores_avx512<T>(const SeqRows<T>&, const SeqRows<T>&, int64_t, const float*, int64_t, \
-                                             int64_t, int64_t, int64_t, int64_t, float*);                       \
-    template void attention_values_avx512<T>(const SeqRows<T>&, const float*, int64_t, int64_t, int64_t, int64_t, \
-                                             int64_t, float*);                                                  \
-    template void query_scores_avx512<T>(const SeqRows<T>&, int64_t, const float*, int64_t, int64_t, int64_t,     \
-                                         float*, int64_t);
 RTP_INSTANTIATE(float)
 RTP_INSTANTIATE(c10::BFloat16)
 #undef RTP_INSTANTIATE
@@ -242,13 +244,6 @@ void attention_scores_avx512(const SeqRows<T>&, const SeqRows<T>&, int64_t, cons
                              int64_t, int64_t, float*) {}
 template <typename T>
 void attention_values_avx512(const SeqRows<T>&, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, float*) {}
-#define RTP_INSTANTIATE(T)                                                                                      \
-    template void attention_scores_avx512<T>(const SeqRows<T>&, const SeqRows<T>&, int64_t, const float*, int64_t, \
-                                             int64_t, int64_t, int64_t, int64_t, float*);                       \
-    template void attention_values_avx512<T>(const SeqRows<T>&, const float*, int64_t, int64_t, int64_t, int64_t, \
-                                             int64_t, float*);                                                  \
-    template void query_scores_avx512<T>(const SeqRows<T>&, int64_t, const float*, int64_t, int64_t, int64_t,     \
-                                         float*, int64_t);
 RTP_INSTANTIATE(float)
 RTP_INSTANTIATE(c10::BFloat16)
 #undef RTP_INSTANTIATE
