@@ -7,7 +7,7 @@
 // instructions per key (benchmarks.cpu_decode_attention).
 //
 // Summation order: a score is one 16-lane accumulator over head_dim, its lanes summed in reduce1's tree
-// (reduce8 is the same tree for 8 at once); a softmax row: max, exp, the sum in 16 lanes then reduce1; a value
+// (reduce16v / reduce8v: the same tree for 16 or 8 at once, vec/avx512_sums.h); a softmax row: max, exp, the sum in 16 lanes then reduce1; a value
 // column sums tokens in order. The prefill kernel (prefill_attention.cc) scores and normalises with the same
 // functions, so a row's attention is bit for bit the same whichever kernel ran it (batch invariance: a prompt
 // chunked, after a cached prefix or recomputed after preemption gives the tokens it gives whole).
