@@ -85,7 +85,14 @@ std::tuple<at::Tensor, at::Tensor> paged_decoder_layers(
         } else {
             std::tie(h, residual) = add_rms_norm(x, residual, lw.req(kInputNorm), eps);
         }
-        auto qkv = lw.linear(h, kQkv, kQkvW);
+        // Each GEMM's threads request the first panels of the one after it (PanelsAfter).
+        const auto gate_up_p = lw.opt(kGateUpP);
+        const auto next_qkv_p = i + 1 < layers ? LayerWeights{weights, sizes, i + 1}.opt(kQkvP) : std::nullopt;
+        at::Tensor qkv;
+        {
+            PanelsAfter then(lw.opt(kOP));
+            qkv = lw.linear(h, kQkv, kQkvW);
+        }
         auto q = qkv.narrow(1, 0, q_size).reshape({tokens, num_heads, head_dim});
         auto k = qkv.narrow(1, q_size, kv_size).reshape({tokens, num_kv_heads, head_dim});
         auto v = qkv.narrow(1, q_size + kv_size, kv_size).contiguous();
@@ -99,10 +106,18 @@ std::tuple<at::Tensor, at::Tensor> paged_decoder_layers(
         write_kv_rows(k, k_cache, sp);
         write_kv_rows(v, v_cache, sp);
         auto o = paged_attention(q, k_cache, v_cache, block_table, kv_lens, scale).reshape({tokens, q_size});
-        x = lw.linear(o, kO, kOW);
+        {
+            PanelsAfter then(gate_up_p);
+            x = lw.linear(o, kO, kOW);
+        }
         std::tie(h, residual) = add_rms_norm(x, residual, lw.req(kPostNorm), eps);
-        auto act = gated_mlp ? panel_linear_silu(h, lw.req(kGateUpP), lw.opt(kGateUpB), lw.out_features(kGateUp) / 2)
-                             : silu_and_mul(lw.linear(h, kGateUp, kGateUpW));
+        at::Tensor act;
+        {
+            PanelsAfter then(lw.opt(kDownP));
+            act = gated_mlp ? panel_linear_silu(h, lw.req(kGateUpP), lw.opt(kGateUpB), lw.out_features(kGateUp) / 2)
+                            : silu_and_mul(lw.linear(h, kGateUp, kGateUpW));
+        }
+        PanelsAfter then(next_qkv_p);
         x = lw.linear(act, kDown, kDownW);
     }
     return {x, residual};

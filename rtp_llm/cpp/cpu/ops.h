@@ -57,6 +57,20 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std
 at::Tensor pack_gated_panels(const at::Tensor& w);
 at::Tensor panel_linear_silu(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias,
                              int64_t inter);
+// Within its scope, the panel GEMMs this thread calls are followed by the one on `panels` (pack_panels' or
+// pack_gated_panels' copy; none or another layout: nothing is assumed): each pool thread's last panel requests
+// the first panel it will likely take there, as it does within a GEMM. A prefetch hint, no result changes.
+class PanelsAfter {
+  public:
+    explicit PanelsAfter(const std::optional<at::Tensor>& panels);
+    ~PanelsAfter();
+    PanelsAfter(const PanelsAfter&) = delete;
+    PanelsAfter& operator=(const PanelsAfter&) = delete;
+
+  private:
+    const char* saved_base_;  // the enclosing scope's hint
+    int64_t saved_bytes_, saved_panels_;
+};
 // The kernels on raw pointers (out [m, n] row-major; bias may be null). bf16: x as [m, pairs] bf16 pairs;
 // products exact in fp32, summed in fp32 (each pair's high then low product), the output rounded to bf16.
 void panel_linear_avx512(const float* panels, const float* x, const float* bias, float* out, int64_t m, int64_t k,

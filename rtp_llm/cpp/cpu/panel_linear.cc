@@ -24,6 +24,19 @@
 #include <cmath>
 #include <type_traits>
 
+namespace rtp_llm {
+namespace {
+
+// The GEMM that follows this thread's panel GEMMs (PanelsAfter): its panels' base, bytes per panel, count.
+struct Following {
+    const char* base = nullptr;
+    int64_t panel_bytes = 0, panels = 0;
+};
+thread_local Following t_following;
+
+}  // namespace
+}  // namespace rtp_llm
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include "rtp_llm/cpp/cpu/vec/avx512.h"
 
@@ -215,19 +228,26 @@ constexpr TileFn<E> kTiles[kMaxBlockRows + 1] = {nullptr,           &tile<E, 1, 
 template <bool Gated>
 constexpr int64_t kOutCols = Gated ? kPanelCols / 2 : kPanelCols;
 
+// The panel a thread multiplies after the current one, whose lines it requests meanwhile: the next in its
+// chunk, the first of the chunk it will likely claim next, or of the GEMM that follows (q -1: its output
+// block is unknown). panel null: none.
+struct NextPanel {
+    const char* panel = nullptr;
+    int64_t lines = 0, q = -1;
+};
+
 // Rows [r0, r0 + rows) by panel q, in blocks of at most 8 rows as even as possible (17 rows: 6 + 6 + 5, not
 // 8 + 8 + 1, whose one-row block would be load-bound). With several blocks the next panel's lines are
 // prefetched across them. One block reads the weights once, as a single sequential stream the hardware
 // prefetcher follows: explicit prefetches there only cost (benchmarks.cpu_linear --stream, both cases).
-// next: the panel this thread multiplies after q (null for none), whose first tile's output is at the next
-// panel's columns of row r0. n: output columns (Gated: the activation's width).
+// When next.q >= 0, the last block also requests next's first output block (row r0 at its columns).
+// n: output columns (Gated: the activation's width).
 template <typename E, bool Gated>
 void panel_rows(const typename E::W* panels, const typename E::X* x, const float* bias, typename E::Out* out,
-                int64_t k, int64_t n, int64_t q, int64_t r0, int64_t rows, const typename E::W* next) {
+                int64_t k, int64_t n, int64_t q, int64_t r0, int64_t rows, NextPanel next) {
     constexpr int64_t oc = kOutCols<Gated>;
     const int64_t blocks = (rows + kMaxBlockRows - 1) / kMaxBlockRows;
-    const int64_t panel_lines = k * kPanelCols * 4 / 64;
-    const int64_t lines_per_block = next && blocks > 1 ? (panel_lines + blocks - 1) / blocks : 0;
+    const int64_t lines_per_block = next.panel && blocks > 1 ? (next.lines + blocks - 1) / blocks : 0;
     const int64_t per_step = (lines_per_block + k - 1) / k;
     const int cols = static_cast<int>(std::min<int64_t>(oc, n - q * oc));
     // activation.cc's vector loop covers the activation's columns below n rounded down to 8
@@ -237,13 +257,12 @@ void panel_rows(const typename E::W* panels, const typename E::X* x, const float
     int64_t r = r0, line = 0;
     for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t left = r0 + rows - r, mr = (left + (blocks - blk) - 1) / (blocks - blk);
-        const int64_t lines = std::min(lines_per_block, panel_lines - line);
+        const int64_t lines = std::min(lines_per_block, next.lines - line);
         const typename E::Out* out_next = blk + 1 < blocks ? out + (r + mr) * n + q * oc
-                                          : next        ? out + r0 * n + (q + 1) * oc
-                                                        : nullptr;
-        kTiles<E, Gated>[mr](pan, x + r * k, k, b, out + r * n + q * oc, n, cols,
-                             reinterpret_cast<const char*>(next) + line * 64, std::max<int64_t>(lines, 0), per_step,
-                             out_next, exact_from);
+                                          : next.q >= 0   ? out + r0 * n + next.q * oc
+                                                          : nullptr;
+        kTiles<E, Gated>[mr](pan, x + r * k, k, b, out + r * n + q * oc, n, cols, next.panel + line * 64,
+                             std::max<int64_t>(lines, 0), per_step, out_next, exact_from);
         line += std::max<int64_t>(lines, 0);
         r += mr;
     }
@@ -253,12 +272,26 @@ template <typename E, bool Gated = false>
 void panel_linear_any(const typename E::W* panels, const typename E::X* x, const float* bias, typename E::Out* out,
                       int64_t m, int64_t k, int64_t n) {
     const int64_t np = (n + kOutCols<Gated> - 1) / kOutCols<Gated>;
+    const int64_t panel_lines = k * kPanelCols * 4 / 64;
+    const Following after = t_following;  // the caller's: the pool's threads have their own
     for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
         const int64_t rows = std::min(kRowChunk, m - r0);
+        const bool last = r0 + rows >= m;
+        // A chunk's last panel requests the first of the chunk this thread will most likely claim next, and a
+        // thread's last panel the first it will likely take in the following GEMM: at decode widths (12-128
+        // panels in chunks of 1-32) a cold first panel per chunk and per GEMM was a sixth of the panels.
         parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
-            for (int64_t q = begin; q < end; ++q)
-                panel_rows<E, Gated>(panels, x, bias, out, k, n, q, r0, rows,
-                                     q + 1 < end ? panels + (q + 1) * k * kPanelCols : nullptr);
+            for (int64_t q = begin; q < end; ++q) {
+                NextPanel next;
+                const int64_t nq = q + 1 < end ? q + 1 : parallel_for_next_begin();
+                if (nq >= 0) {
+                    next = {reinterpret_cast<const char*>(panels + nq * k * kPanelCols), panel_lines, nq};
+                } else if (last && after.base) {
+                    const int64_t fq = parallel_for_first_begin(after.panels, 1);
+                    if (fq >= 0) next = {after.base + fq * after.panel_bytes, after.panel_bytes / 64, -1};
+                }
+                panel_rows<E, Gated>(panels, x, bias, out, k, n, q, r0, rows, next);
+            }
         });
     }
 }
@@ -362,6 +395,18 @@ PanelInput panel_input(const at::Tensor& x, const at::Tensor& panels, const char
 }
 
 }  // namespace
+
+PanelsAfter::PanelsAfter(const std::optional<at::Tensor>& panels)
+    : saved_base_(t_following.base), saved_bytes_(t_following.panel_bytes), saved_panels_(t_following.panels) {
+    t_following = {};
+    if (panels.has_value() && panels->defined() && panels->dim() == 3 && panels->size(2) == kPanelCols &&
+        (panels->scalar_type() == at::kFloat || panels->scalar_type() == at::kInt))
+        t_following = {static_cast<const char*>(panels->data_ptr()), panels->stride(0) * 4, panels->size(0)};
+}
+
+PanelsAfter::~PanelsAfter() {
+    t_following = {saved_base_, saved_bytes_, saved_panels_};
+}
 
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias,
                         int64_t n) {

@@ -40,6 +40,13 @@ constexpr uint64_t kIndexMask = 0xffffffffull;
 constexpr int64_t kMaxChunks = 256;  // beyond it (hundreds of threads) the last chunk takes the rest
 
 thread_local bool t_in_pool = false;  // a chunk's own parallel_for runs inline
+thread_local int t_inline = 0;        // depth of those inline loops (their chunks have no next one)
+thread_local int t_slot = 0;          // 0: a caller; the i-th worker: i + 1
+
+// parallel_for's chunk length for n items (the first chunks; the loop ends on smaller ones).
+int64_t chunk_length(int64_t n, int64_t grain, int threads) {
+    return std::max(grain, (n + threads * kChunksPerThread - 1) / (threads * kChunksPerThread));
+}
 
 class Pool {
   public:
@@ -82,6 +89,13 @@ class Pool {
         return true;
     }
 
+    // Within a chunk of this pool's current loop, which is still running: its fields are this loop's.
+    int64_t next_begin() const {
+        const int64_t index = static_cast<int64_t>(claim_.load(std::memory_order_acquire) & kIndexMask);
+        if (index >= chunks_.load(std::memory_order_acquire)) return -1;
+        return bounds_[index].load(std::memory_order_acquire);
+    }
+
   private:
     // Claims chunk `c`'s index if it is still this generation's next one, runs it; false when none is left.
     bool claim_and_run(uint64_t c) {
@@ -112,6 +126,7 @@ class Pool {
 
     void work(int id) {
         t_in_pool = true;
+        t_slot = id + 1;
         uint64_t c = claim_.load(std::memory_order_acquire);
         for (;;) {
             if (id < workers_.load(std::memory_order_relaxed) && claim_and_run(c)) {
@@ -161,6 +176,14 @@ class Pool {
     std::vector<std::thread> threads_;
 };
 
+void run_inline(const Fn& fn, int64_t begin, int64_t end) {
+    struct Depth {
+        Depth() { ++t_inline; }
+        ~Depth() { --t_inline; }
+    } depth;
+    fn(begin, end);
+}
+
 }  // namespace
 
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const Fn& fn) {
@@ -169,10 +192,10 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const Fn& fn) {
     grain = std::max<int64_t>(grain, 1);
     // The thread count torch.set_num_threads sets (ATen on OpenMP reads the same setting).
     const int threads = t_in_pool ? 1 : omp_get_max_threads();
-    if (threads <= 1 || n <= grain) return fn(begin, end);
+    if (threads <= 1 || n <= grain) return run_inline(fn, begin, end);
     // Equal chunks until two are left, then halves (at least `grain`): the loop ends on small pieces, so the thread
     // that finishes first waits for a small piece rather than a whole chunk, and only the tail pays extra claims.
-    const int64_t chunk = std::max(grain, (n + threads * kChunksPerThread - 1) / (threads * kChunksPerThread));
+    const int64_t chunk = chunk_length(n, grain, threads);
     int64_t bounds[kMaxChunks + 1];
     int64_t chunks = 0;
     bounds[0] = begin;
@@ -182,7 +205,15 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const Fn& fn) {
         bounds[chunks + 1] = bounds[chunks] + size;
         left -= size;
     }
-    if (chunks == 1 || !Pool::instance().run(bounds, chunks, threads - 1, fn)) fn(begin, end);
+    if (chunks == 1 || !Pool::instance().run(bounds, chunks, threads - 1, fn)) run_inline(fn, begin, end);
+}
+
+int64_t parallel_for_next_begin() { return t_in_pool && t_inline == 0 ? Pool::instance().next_begin() : -1; }
+
+int64_t parallel_for_first_begin(int64_t n, int64_t grain) {
+    const int threads = omp_get_max_threads();
+    const int64_t at = threads > 1 && n > grain ? t_slot * chunk_length(n, std::max<int64_t>(grain, 1), threads) : 0;
+    return at < n ? at : -1;
 }
 
 }  // namespace rtp_llm

@@ -21,4 +21,12 @@ namespace rtp_llm {
 
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
+// Inside a chunk of parallel_for: where the loop's next unclaimed chunk begins, the range this thread most likely
+// runs next (-1: none left, or not in a pool chunk). A hint for prefetching only: another thread may claim it.
+int64_t parallel_for_next_begin();
+
+// Also a prefetch hint, for a chunk that has no next one: where this thread's first chunk of a coming
+// parallel_for(0, n, grain) most likely begins (the caller claims the first chunk, the i-th worker the next).
+int64_t parallel_for_first_begin(int64_t n, int64_t grain);
+
 }  // namespace rtp_llm

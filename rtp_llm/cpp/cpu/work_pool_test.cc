@@ -1,6 +1,7 @@
 // rtp_llm::parallel_for: every index runs exactly once, in ranges of at least `grain`, ending on pieces of the grain,
 // on several threads; a loop inside a chunk runs inline; an exception in a chunk reaches the caller; concurrent
-// callers both finish; back-to-back loops of different sizes never run a chunk twice or after their call returned.
+// callers both finish; back-to-back loops of different sizes never run a chunk twice or after their call returned;
+// the prefetch hints name chunks that exist (or none).
 #include "rtp_llm/cpp/cpu/work_pool.h"
 
 #include <gtest/gtest.h>
@@ -55,6 +56,46 @@ TEST(WorkPool, TheLoopEndsOnPiecesOfTheGrain) {
             EXPECT_LE(ranges.size(), 32u) << "n=" << n;
         }
     }
+}
+
+// parallel_for_next_begin inside a chunk: -1 or the begin of a chunk after it, one this loop has; -1 outside a
+// loop, in an inline loop and in a loop nested in a chunk. parallel_for_first_begin: the caller's first chunk
+// begins at 0, a worker's at its slot's chunk, never past n.
+TEST(WorkPool, PrefetchHintsNameChunksOfTheLoop) {
+    omp_set_num_threads(2);
+    EXPECT_EQ(parallel_for_next_begin(), -1);
+    EXPECT_EQ(parallel_for_first_begin(20, 1), 0);  // called here, outside the pool: the caller's chunk
+    for (int64_t n : {2, 12, 20, 128, 1000}) {
+        std::mutex mu;
+        std::vector<std::pair<int64_t, int64_t>> ranges;
+        std::vector<std::pair<int64_t, int64_t>> hints;  // (chunk begin, next begin)
+        std::vector<int64_t> nested, firsts;
+        parallel_for(0, n, 1, [&](int64_t b, int64_t e) {
+            const int64_t next = parallel_for_next_begin(), first = parallel_for_first_begin(n, 1);
+            int64_t inner = -2;
+            parallel_for(0, 4, 1, [&](int64_t, int64_t) { inner = parallel_for_next_begin(); });
+            std::lock_guard<std::mutex> lk(mu);
+            ranges.emplace_back(b, e);
+            hints.emplace_back(b, next);
+            nested.push_back(inner);
+            firsts.push_back(first);
+        });
+        std::set<int64_t> begins;
+        for (auto [b, e] : ranges) begins.insert(b);
+        bool some_next = false;
+        for (auto [b, next] : hints) {
+            if (next == -1) continue;
+            some_next = true;
+            EXPECT_TRUE(begins.count(next)) << "n=" << n << ": " << next << " begins no chunk";
+            EXPECT_GT(next, b) << "n=" << n << ": chunks are claimed in order";
+        }
+        if (ranges.size() > 2) EXPECT_TRUE(some_next) << "n=" << n;
+        for (int64_t inner : nested) EXPECT_EQ(inner, -1) << "n=" << n;
+        for (int64_t f : firsts) EXPECT_TRUE(f == -1 || begins.count(f)) << "n=" << n << ": first " << f;
+    }
+    omp_set_num_threads(1);
+    parallel_for(0, 100, 1, [&](int64_t, int64_t) { EXPECT_EQ(parallel_for_next_begin(), -1); });
+    EXPECT_EQ(parallel_for_first_begin(100, 1), 0);
 }
 
 TEST(WorkPool, UsesMoreThanOneThreadAndRunsNestedLoopsInline) {
