@@ -11,7 +11,9 @@ Every engine must produce the same first 8 greedy tokens on the same prompts in 
 comparison is of equal work; in bfloat16 each engine's first token must be one of the float32 transformers
 near-ties (engines round bf16 differently and the random-token prompts have near-flat logits).
 Reported per engine: output tokens/s (median, min, max over rounds), time per output token after the
-first (TPOT, the decode rate: (total - TTFT) / (tokens - 1)), and same-round ratios against the first peer.
+first (TPOT, the decode rate: (total - TTFT) / (tokens - 1)), and same-round ratios against the first peer; then
+the workload's FLOPs over each engine's median time as a share of torch's best F.linear rate in the run's dtype,
+measured after the rounds (benchmarks/gemm_rate.py).
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ def main() -> None:
                                  "tok_s_max": max(vals),
                                  "tpot_ms_median": statistics.median(x["tpot_ms"] for x in results[n]),
                                  "rounds": results[n]}
+    _gemm_share(summary, wl, args.dtype)
     for n in names[1:]:
         ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(results[ref], results[n])]
         summary["engines"][n][f"{ref}_over_this_same_round"] = ratios
@@ -101,6 +104,24 @@ def main() -> None:
     if bad:
         raise SystemExit(f"engines {bad}: first token outside the float32 reference's near-ties "
                          f"(within {BF16_TIE_MARGIN} of the top logit)")
+
+
+def _gemm_share(summary: dict, wl, dtype: str) -> None:
+    """Each engine's FLOP rate over the workload (median round) against torch's GEMM rate, measured now."""
+    from benchmarks.gemm_rate import default_config, torch_gemm_rate, workload_flops
+
+    cfg = default_config()
+    flops = workload_flops(cfg, wl.num_prompts, wl.prompt_len, wl.new_tokens)
+    rate = torch_gemm_rate(cfg, getattr(torch, dtype))
+    summary["workload_tflop"] = flops / 1e12
+    summary["torch_gemm_gflops"] = rate
+    for entry in summary["engines"].values():
+        seconds = statistics.median(r["seconds"] for r in entry["rounds"])
+        entry["gflops_median"] = flops / seconds / 1e9
+        entry["share_of_torch_gemm_median"] = entry["gflops_median"] / rate["best_gflops"]
+    print(f"{wl.name}: {flops / 1e12:.3f} TFLOP; torch {dtype} GEMM {rate['best_gflops']:.0f} GFLOP/s; " +
+          ", ".join(f"{n} {e['gflops_median']:.0f} GFLOP/s ({e['share_of_torch_gemm_median']:.0%})"
+                    for n, e in summary["engines"].items()), flush=True)
 
 
 def _rounds(args, names, engines, prompts, wl, results, first_tokens) -> None:
