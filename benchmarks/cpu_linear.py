@@ -5,12 +5,16 @@ on CPUs without AVX-512), the plain-layout GEMV kernel on few rows, and the pane
     python -m benchmarks.cpu_linear [--rows 1 4 32 4096]
     python -m benchmarks.cpu_linear --stream [--dtype float32 bfloat16] [--stream-rows 1 8 16 32 64]
     python -m benchmarks.cpu_linear --gated [--dtype float32 bfloat16] [--rows 1 32 512]
+    python -m benchmarks.cpu_linear --quant [--formats Q4_1 Q8_0] [--rows 32]
 
 The default mode repeats one weight, which then sits in cache (GFLOP/s). --stream runs the four linear layers
 of 30 layers with their own weights (425 MB in fp32), as a decode step does, so the weights stream from
 memory: ms per 30 layers and weight GB/s, each kernel in turn over 3 rounds (min-max). --gated times SmolLM2's
 gate_up + SiLU as the two ops on ordinary panels (panel_linear, then silu_and_mul) against panel_linear_silu on
-gated panels (the SiLU in the GEMM's epilogue, the same bits), alternating, best of 4 x 30 calls.
+gated panels (the SiLU in the GEMM's epilogue, the same bits), alternating, best of 4 x 30 calls. --quant times
+quant_linear on GGUF blocks (the gguf package's quantizer on random weights; SmolLM2's shapes) against the fp32 panel
+kernel on the same matrix dequantized, GFLOP/s with copies streamed past the L3 and with one copy in cache: the
+dot-form kernel the blocks run in against the broadcast form of the dense panels.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ def main() -> None:
     ap.add_argument("--gated", action="store_true", help="gate_up + SiLU: two ops vs the fused kernel")
     ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], help="with --stream or --gated")
     ap.add_argument("--stream-rows", type=int, nargs="+", default=[1, 2, 4, 8, 12, 16, 24, 32, 48, 64])
+    ap.add_argument("--quant", action="store_true", help="GGUF blocks (quant_linear) vs dequantized fp32 panels")
+    ap.add_argument("--formats", nargs="+", default=["Q4_1", "Q8_0"], help="with --quant")
     args = ap.parse_args()
     from rtp_llm._native import ops
 
@@ -47,6 +53,8 @@ def main() -> None:
         return _stream(kernels, args.dtype, args.stream_rows)
     if args.gated:
         return _gated(kernels, args.dtype, args.rows)
+    if args.quant:
+        return _quant(kernels, args.formats, args.rows if args.rows != ap.get_default("rows") else [32])
     panel = torch.ops.rtp_llm.cpu_isa() == "avx512"
     print(f"threads {torch.get_num_threads()}")
     for rows in args.rows:
@@ -86,6 +94,43 @@ def _gated(kernels, dtypes, row_counts) -> None:
             best = {label: min(_time(fn, 30) for _ in range(4)) for label, fn in fns.items()}
             print(f"{name} rows {rows:5d}: two ops {best['two ops'] * 1e3:7.3f} ms  fused {best['fused'] * 1e3:7.3f} ms"
                   f"  ({best['two ops'] / best['fused']:.3f}x)", flush=True)
+
+
+def _quant(kernels, formats, row_counts, copies_bytes: float = 150e6, rounds: int = 3) -> None:
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+
+    if not kernels.cpu_isa() == "avx512":
+        print("no panels on this CPU")
+        return
+    for fmt in formats:
+        kind = getattr(GGMLQuantizationType, fmt)
+        for name in ("qkv", "o", "gate_up", "down"):
+            k, n = SHAPES[name]
+            w = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32)
+            raw = quants.quantize(w, kind)
+            blocks = torch.from_numpy(np.ascontiguousarray(raw)).view(n, -1, GGML_QUANT_SIZES[kind][1])
+            panels = kernels.pack_panels(kernels.quant_dequantize(blocks))
+            qs = [blocks.clone() for _ in range(int(copies_bytes // blocks.numel()) + 1)]
+            ps = [panels.clone() for _ in range(int(copies_bytes // (panels.numel() * 4)) + 1)]
+            for rows in row_counts:
+                x, flop = torch.randn(rows, k), 2 * rows * k * n / 1e9
+
+                def rate(fn, items):
+                    best = float("inf")
+                    for _ in range(rounds):
+                        t = time.perf_counter()
+                        for it in items:
+                            fn(it)
+                        best = min(best, (time.perf_counter() - t) / len(items))
+                    return flop / best
+
+                q_s = rate(lambda b: kernels.quant_linear(x, b, None), qs)
+                q_c = rate(lambda b: kernels.quant_linear(x, qs[0], None), qs)
+                p_s = rate(lambda p: kernels.panel_linear(x, p, None, n), ps)
+                p_c = rate(lambda p: kernels.panel_linear(x, ps[0], None, n), ps)
+                print(f"{fmt} {name:8s} rows {rows:3d}: quant_linear {q_s:5.0f} streamed {q_c:5.0f} in cache  "
+                      f"fp32 panels (dequantized) {p_s:5.0f} streamed {p_c:5.0f} in cache  GFLOP/s", flush=True)
 
 
 def _stream(kernels, dtypes, row_counts, layers: int = 30, rounds: int = 3) -> None:
