@@ -111,6 +111,7 @@ def _quant(kernels, formats, row_counts, copies_bytes: float = 150e6, rounds: in
             raw = quants.quantize(w, kind)
             blocks = torch.from_numpy(np.ascontiguousarray(raw)).view(n, -1, GGML_QUANT_SIZES[kind][1])
             panels = kernels.pack_panels(kernels.quant_dequantize(blocks))
+            blocks = kernels.quant_pack(blocks)  # as the CPU planner holds them
             qs = [blocks.clone() for _ in range(int(copies_bytes // blocks.numel()) + 1)]
             ps = [panels.clone() for _ in range(int(copies_bytes // (panels.numel() * 4)) + 1)]
             for rows in row_counts:
@@ -125,8 +126,8 @@ def _quant(kernels, formats, row_counts, copies_bytes: float = 150e6, rounds: in
                         best = min(best, (time.perf_counter() - t) / len(items))
                     return flop / best
 
-                q_s = rate(lambda b: kernels.quant_linear(x, b, None), qs)
-                q_c = rate(lambda b: kernels.quant_linear(x, qs[0], None), qs)
+                q_s = rate(lambda b: kernels.quant_linear(x, b, None, n), qs)
+                q_c = rate(lambda b: kernels.quant_linear(x, qs[0], None, n), qs)
                 p_s = rate(lambda p: kernels.panel_linear(x, p, None, n), ps)
                 p_c = rate(lambda p: kernels.panel_linear(x, ps[0], None, n), ps)
                 print(f"{fmt} {name:8s} rows {rows:3d}: quant_linear {q_s:5.0f} streamed {q_c:5.0f} in cache  "

@@ -1,5 +1,6 @@
 """Weights kept as their GGUF file stores them: QuantizedWeight holds a tensor's blocks, uint8 [N, blocks, block
-bytes], read by the device's quantized kernels (CPU: torch.ops.rtp_llm.quant_linear) in place of a float copy.
+bytes], read by the device's quantized kernels in place of a float copy (the CPU's repack them once at load into
+their interleaved layout, torch.ops.rtp_llm.quant_pack, and read that).
 The math stays the dequantized model's: every weight is the float32 value gguf's dequantize gives."""
 
 from __future__ import annotations
@@ -24,9 +25,23 @@ class QuantizedWeight:
                 or blocks.shape[2] != BLOCK_BYTES[fmt]:
             raise ValueError(f"not {fmt} blocks: {blocks.dtype} {tuple(blocks.shape)}")
         self._blocks, self.format = blocks, fmt
+        self._shape = (blocks.shape[0], blocks.shape[1] * BLOCK_ELEMENTS[fmt])
+        self._nbytes = int(np.prod(blocks.shape))
+        self._packed: torch.Tensor | None = None
+
+    def repacked(self, packed: torch.Tensor) -> None:
+        """From now on the blocks live only in `packed`, the CPU kernels' interleaved layout of them
+        (torch.ops.rtp_llm.quant_pack): rows() and dequantize() read it, the stored blocks are released."""
+        self._packed, self._blocks = packed, None
+
+    @property
+    def packed(self) -> torch.Tensor | None:
+        return self._packed
 
     @property
     def blocks(self) -> torch.Tensor:
+        if self._blocks is None:
+            raise RuntimeError("the blocks were repacked for the CPU kernels (QuantizedWeight.packed)")
         if isinstance(self._blocks, np.ndarray):
             self._blocks = torch.from_numpy(np.array(self._blocks, order="C"))
         elif not self._blocks.is_contiguous():
@@ -35,11 +50,12 @@ class QuantizedWeight:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self._blocks.shape[0], self._blocks.shape[1] * BLOCK_ELEMENTS[self.format]
+        return self._shape
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self._blocks.shape))
+        """The stored blocks' bytes (the packed layout is within 3% of them: quant_packed.h)."""
+        return self._nbytes
 
     @classmethod
     def per_channel_int8(cls, w: torch.Tensor) -> "QuantizedWeight | None":
@@ -65,6 +81,8 @@ class QuantizedWeight:
         return int_groups(self.blocks, self.format)
 
     def dequantize(self) -> torch.Tensor:
+        if self._packed is not None:
+            return self.rows(torch.arange(self._shape[0]))
         from rtp_llm._native import ops
 
         return ops().quant_dequantize(self.blocks)
@@ -73,6 +91,8 @@ class QuantizedWeight:
         """Rows `ids` dequantized (an embedding lookup reads only these)."""
         from rtp_llm._native import ops
 
+        if self._packed is not None:
+            return ops().quant_packed_rows(self._packed, ids.long(), self._shape[0])
         return ops().quant_dequantize(self.blocks.index_select(0, ids.reshape(-1))).reshape(*ids.shape, -1)
 
     def narrow(self, dim: int, start: int, stop: int) -> "QuantizedWeight | None":

@@ -1,7 +1,8 @@
 """GGUF weights kept as stored (--quantization auto) on the CPU: a tiny llama written in each block format, and
 the embedded default model (Q4_1 + Q8_0), against transformers loading the same file (its weights are gguf's
-dequantized values): the same greedy tokens, logits within 1e-3; through the engine with chunked prefill and
-prefix caching; and the resident memory the weights take after load."""
+dequantized values): the same greedy tokens, logits within 1e-3, and (AVX-512) the same logits bit for bit as the
+file dequantized; through the engine with chunked prefill and prefix caching; and the resident memory the weights
+take after load."""
 
 import functools
 import json
@@ -74,6 +75,8 @@ def test_tiny_model_matches_transformers_on_the_same_file(tiny):
         assert out.token_ids == tokens == out_dense.token_ids
         for mine, theirs in zip(out.logits, logits):
             assert (mine - theirs).abs().max().item() < 1e-3
+        if model.ops.kernels.cpu_isa() == "avx512":  # the blocks run the fp32 panels' sums: the dequantized bits
+            assert all(torch.equal(a, b) for a, b in zip(out.logits, out_dense.logits))
 
 
 def test_engine_with_chunked_prefill_and_prefix_cache(tiny):

@@ -31,7 +31,7 @@ at::Tensor linear(const at::Tensor& x, const std::optional<at::Tensor>& plain, c
     const auto b = bias.has_value() && bias->defined() ? bias : std::nullopt;
     if (present(plain) && x.size(0) <= gemv_max_rows) return gemv(x, *plain, b);
     if (packed.has_value() && packed->defined()) {
-        if (!packed->is_mkldnn() && packed->scalar_type() == at::kByte) return quant_linear(x, *packed, b);
+        if (!packed->is_mkldnn() && packed->scalar_type() == at::kByte) return quant_linear(x, *packed, b, n);
         if (!packed->is_mkldnn() && packed->dim() == 3) return panel_linear(x, *packed, b, n);
         return onednn_linear(x, *packed, b);
     }

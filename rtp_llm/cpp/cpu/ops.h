@@ -16,7 +16,7 @@ namespace rtp_llm {
 
 // --- linear layers (linear.cc): the per-call choice between a layer's copies of its weight -----------------
 // x [M, K] @ W^T (+ bias) -> [M, n]: the GEMV kernel on `plain` when it is there and M <= gemv_max_rows, else
-// `packed` (GGUF blocks: quant_linear; panels: panel_linear; oneDNN's blocked layout: its matmul), else
+// `packed` (packed GGUF blocks: quant_linear; panels: panel_linear; oneDNN's blocked layout: its matmul), else
 // at::linear on `plain`.
 at::Tensor linear(const at::Tensor& x, const std::optional<at::Tensor>& plain, const std::optional<at::Tensor>& packed,
                   const std::optional<at::Tensor>& bias, int64_t n, int64_t gemv_max_rows);
@@ -29,15 +29,21 @@ void gemv_avx512(const float* w, const float* x, const float* bias, float* out, 
 void gemv_avx512(const c10::BFloat16* w, const float* x, const float* bias, c10::BFloat16* out, int64_t m,
                  int64_t k, int64_t n);
 
-// --- GGUF block weights (quant_linear.cc, quant_linear_avx512.cc; formats in quant_blocks.h) ----------------
-// x [M, K] float32 @ W^T (+ bias) for W as its file's blocks, uint8 [N, K / 32 or K / 256, block bytes]: each weight exactly
-// gguf's dequantized float32 value, fp32 products and sums in an order independent of M and of the CPU.
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias);
-// The blocks as float32 [N, K] (gguf.quants.dequantize's values): embedding rows, references.
+// --- GGUF block weights (quant_linear.cc, quant_linear_avx512.cc; formats in quant_blocks.h, quant_packed.h) --
+// The file's blocks, uint8 [N, K / 32 or K / 256, block bytes], repacked for the kernels: 16 rows interleaved per
+// block, [ceil(N / 16), blocks, 16 x row bytes] (quant_packed.h).
+at::Tensor quant_pack(const at::Tensor& w);
+// x [M, K] (float32 or bfloat16) @ W^T (+ bias) -> [M, n] for W = quant_pack(blocks) with n rows: each weight
+// exactly gguf's dequantized float32 value, the fp32 panels' sums (bit for bit panel_linear on the dequantized
+// matrix), at every M and on every CPU.
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias, int64_t n);
+// The blocks as float32 [N, K] (gguf.quants.dequantize's values): references, tensor-parallel fallbacks.
 at::Tensor quant_dequantize(const at::Tensor& w);
-// format: quant::Format; the AVX-512 kernel of quant_linear.
-void quant_linear_avx512(int format, const uint8_t* w, int64_t block_bytes, const float* x, const float* bias,
-                         float* out, int64_t m, int64_t k, int64_t n);
+// Rows `rows` (int64, any shape) of a packed weight with n rows, dequantized: [*rows.shape, K] (embedding lookups).
+at::Tensor quant_packed_rows(const at::Tensor& w, const at::Tensor& rows, int64_t n);
+// format: quant::Format; the AVX-512 kernel of quant_linear on packed blocks.
+void quant_linear_avx512(int format, const uint8_t* w, const float* x, const float* bias, float* out, int64_t m,
+                         int64_t k, int64_t n);
 
 // --- the panel GEMM (panel_linear.cc, AVX-512) --------------------------------------------------------------
 constexpr int64_t kPanelCols = 48;
@@ -75,6 +81,10 @@ class PanelsAfter {
 // products exact in fp32, summed in fp32 (each pair's high then low product), the output rounded to bf16.
 void panel_linear_avx512(const float* panels, const float* x, const float* bias, float* out, int64_t m, int64_t k,
                          int64_t n);
+// Rows x[0, rows) by one fp32 panel [k, 48] into out's columns [0, cols) (row stride ldo, bias at those columns):
+// panel_linear's tiles and row blocks, the same bits; `lines` cache lines from `prefetch` requested meanwhile.
+void panel_block_fp32(const float* panel, const float* x, const float* bias, float* out, int64_t ldo, int64_t k,
+                      int cols, int64_t rows, const char* prefetch, int64_t lines);
 void panel_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
                        int64_t m, int64_t pairs, int64_t n);
 void panel_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, float* out, int64_t m,

@@ -236,36 +236,44 @@ struct NextPanel {
     int64_t lines = 0, q = -1;
 };
 
-// Rows [r0, r0 + rows) by panel q, in blocks of at most 8 rows as even as possible (17 rows: 6 + 6 + 5, not
-// 8 + 8 + 1, whose one-row block would be load-bound). With several blocks the next panel's lines are
-// prefetched across them. One block reads the weights once, as a single sequential stream the hardware
-// prefetcher follows: explicit prefetches there only cost (benchmarks.cpu_linear --stream, both cases).
-// When next.q >= 0, the last block also requests next's first output block (row r0 at its columns).
-// n: output columns (Gated: the activation's width).
+// Rows x[0, rows) by the panel `pan` into out's columns [0, cols) (row stride ldo; bias at those columns), in
+// blocks of at most 8 rows as even as possible (17 rows: 6 + 6 + 5, not 8 + 8 + 1, whose one-row block would be
+// load-bound). With several blocks `lines` cache lines from `prefetch` (the next panel) are requested across
+// them. One block reads the weights once, as a single sequential stream the hardware prefetcher follows:
+// explicit prefetches there only cost (benchmarks.cpu_linear --stream, both cases). The last block requests
+// `out_last` (the next panel's first output block; null: none) for writing.
 template <typename E, bool Gated>
-void panel_rows(const typename E::W* panels, const typename E::X* x, const float* bias, typename E::Out* out,
-                int64_t k, int64_t n, int64_t q, int64_t r0, int64_t rows, NextPanel next) {
-    constexpr int64_t oc = kOutCols<Gated>;
+void block_rows(const typename E::W* pan, const typename E::X* x, const float* b, typename E::Out* out, int64_t ldo,
+                int64_t k, int cols, int exact_from, int64_t rows, const char* prefetch, int64_t next_lines,
+                const typename E::Out* out_last) {
     const int64_t blocks = (rows + kMaxBlockRows - 1) / kMaxBlockRows;
-    const int64_t lines_per_block = next.panel && blocks > 1 ? (next.lines + blocks - 1) / blocks : 0;
+    const int64_t lines_per_block = prefetch && blocks > 1 ? (next_lines + blocks - 1) / blocks : 0;
     const int64_t per_step = (lines_per_block + k - 1) / k;
-    const int cols = static_cast<int>(std::min<int64_t>(oc, n - q * oc));
-    // activation.cc's vector loop covers the activation's columns below n rounded down to 8
-    const int exact_from = static_cast<int>(std::min<int64_t>(oc, (n & ~int64_t{7}) - q * oc));
-    const typename E::W* pan = panels + q * k * kPanelCols;
-    const float* b = bias ? bias + q * kPanelCols : nullptr;
-    int64_t r = r0, line = 0;
+    int64_t r = 0, line = 0;
     for (int64_t blk = 0; blk < blocks; ++blk) {
-        const int64_t left = r0 + rows - r, mr = (left + (blocks - blk) - 1) / (blocks - blk);
-        const int64_t lines = std::min(lines_per_block, next.lines - line);
-        const typename E::Out* out_next = blk + 1 < blocks ? out + (r + mr) * n + q * oc
-                                          : next.q >= 0   ? out + r0 * n + next.q * oc
-                                                          : nullptr;
-        kTiles<E, Gated>[mr](pan, x + r * k, k, b, out + r * n + q * oc, n, cols, next.panel + line * 64,
+        const int64_t left = rows - r, mr = (left + (blocks - blk) - 1) / (blocks - blk);
+        const int64_t lines = std::min(lines_per_block, next_lines - line);
+        const typename E::Out* out_next = blk + 1 < blocks ? out + (r + mr) * ldo : out_last;
+        kTiles<E, Gated>[mr](pan, x + r * k, k, b, out + r * ldo, ldo, cols, prefetch + line * 64,
                              std::max<int64_t>(lines, 0), per_step, out_next, exact_from);
         line += std::max<int64_t>(lines, 0);
         r += mr;
     }
+}
+
+// Rows [r0, r0 + rows) by panel q; next: the panel whose lines are requested meanwhile, and when next.q >= 0
+// the last block requests its first output block (row r0 at its columns). n: output columns (Gated: the
+// activation's width).
+template <typename E, bool Gated>
+void panel_rows(const typename E::W* panels, const typename E::X* x, const float* bias, typename E::Out* out,
+                int64_t k, int64_t n, int64_t q, int64_t r0, int64_t rows, NextPanel next) {
+    constexpr int64_t oc = kOutCols<Gated>;
+    const int cols = static_cast<int>(std::min<int64_t>(oc, n - q * oc));
+    // activation.cc's vector loop covers the activation's columns below n rounded down to 8
+    const int exact_from = static_cast<int>(std::min<int64_t>(oc, (n & ~int64_t{7}) - q * oc));
+    block_rows<E, Gated>(panels + q * k * kPanelCols, x + r0 * k, bias ? bias + q * kPanelCols : nullptr,
+                         out + r0 * n + q * oc, n, k, cols, exact_from, rows, next.panel, next.lines,
+                         next.q >= 0 ? out + r0 * n + next.q * oc : nullptr);
 }
 
 template <typename E, bool Gated = false>
@@ -303,6 +311,11 @@ void panel_linear_avx512(const float* panels, const float* x, const float* bias,
     panel_linear_any<Fp32>(panels, x, bias, out, m, k, n);
 }
 
+void panel_block_fp32(const float* panel, const float* x, const float* bias, float* out, int64_t ldo, int64_t k,
+                      int cols, int64_t rows, const char* prefetch, int64_t lines) {
+    block_rows<Fp32, false>(panel, x, bias, out, ldo, k, cols, cols, rows, prefetch, lines, nullptr);
+}
+
 void panel_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
                        int64_t m, int64_t pairs, int64_t n) {
     panel_linear_any<Bf16Pairs>(panels, x_pairs, bias, out, m, pairs, n);
@@ -329,6 +342,8 @@ void panel_linear_silu_bf16(const uint32_t* panels, const uint32_t* x_pairs, con
 
 namespace rtp_llm {
 void panel_linear_avx512(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t) {}
+void panel_block_fp32(const float*, const float*, const float*, float*, int64_t, int64_t, int, int64_t, const char*,
+                      int64_t) {}
 void panel_linear_bf16(const uint32_t*, const uint32_t*, const float*, c10::BFloat16*, int64_t, int64_t, int64_t) {}
 void panel_linear_bf16(const uint32_t*, const uint32_t*, const float*, float*, int64_t, int64_t, int64_t) {}
 void panel_linear_silu_fp32(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t) {}

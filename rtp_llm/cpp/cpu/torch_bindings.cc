@@ -24,7 +24,9 @@ TORCH_LIBRARY(rtp_llm, m) {
 
     m.def("linear(Tensor x, Tensor? plain, Tensor? packed, Tensor? bias, int n, int gemv_max_rows) -> Tensor");
     m.def("gemv(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
-    m.def("quant_linear(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
+    m.def("quant_pack(Tensor w) -> Tensor");
+    m.def("quant_linear(Tensor x, Tensor w, Tensor? bias, int n) -> Tensor");
+    m.def("quant_packed_rows(Tensor w, Tensor rows, int n) -> Tensor");
     m.def("quant_dequantize(Tensor w) -> Tensor");
     m.def("pack_panels(Tensor w) -> Tensor");
     m.def("panel_linear(Tensor x, Tensor panels, Tensor? bias, int n) -> Tensor");
@@ -55,7 +57,9 @@ TORCH_LIBRARY(rtp_llm, m) {
 TORCH_LIBRARY_IMPL(rtp_llm, CPU, m) {
     m.impl("linear", &linear);
     m.impl("gemv", &gemv);
+    m.impl("quant_pack", &quant_pack);
     m.impl("quant_linear", &quant_linear);
+    m.impl("quant_packed_rows", &quant_packed_rows);
     m.impl("quant_dequantize", &quant_dequantize);
     m.impl("pack_panels", &pack_panels);
     m.impl("panel_linear", &panel_linear);

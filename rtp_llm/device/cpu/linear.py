@@ -117,10 +117,13 @@ class LinearPlanner:
         """Gives each Linear (and the head) its CpuLinear. A plain weight the kernels no longer read is released."""
         quantized = [lin for lin in linears if lin.quantized is not None]
         linears = [lin for lin in linears if lin.quantized is None]
-        for lin in quantized:  # the file's blocks are the only copy: quant_linear reads them (linear.cc)
-            lin.kernel = CpuLinear(self.kernels, lin.quantized.shape[0], None, lin.quantized.blocks)
-        if head.quantized is not None:
-            head.kernel = CpuLinear(self.kernels, head.quantized.shape[0], None, head.quantized.blocks)
+        # the file's blocks, repacked (16 rows interleaved per block: quant_packed.h), are the only copy:
+        # quant_linear reads them (linear.cc), and so does a tied embedding's row lookup
+        for lin in quantized + ([head] if head.quantized is not None else []):
+            q = lin.quantized
+            if q.packed is None:
+                q.repacked(self.kernels.quant_pack(q.blocks))
+            lin.kernel = CpuLinear(self.kernels, q.shape[0], None, q.packed)
         onednn = [lin.weight for lin in linears if not self.on_panels(lin.weight) and self._packs_onednn(lin.weight)]
         self.keeps_plain_weights = bool(onednn) and self._keep_plain(sum(w.numel() * w.element_size()
                                                                          for w in onednn))

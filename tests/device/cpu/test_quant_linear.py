@@ -1,4 +1,5 @@
-"""torch.ops.rtp_llm.quant_linear / quant_dequantize: GGUF block weights multiplied as stored.
+"""torch.ops.rtp_llm.quant_pack / quant_linear / quant_dequantize / quant_packed_rows: GGUF block weights,
+repacked at load (16 rows interleaved per block, the same bytes), multiplied without a float copy.
 
 References are the `gguf` package's own: its quantizer makes the blocks, its dequantize gives each weight's
 value, and the product is taken in float64. Blocks are also made byte by byte (random nibbles and quants, scales
@@ -60,6 +61,11 @@ def quantized(fmt, n, k, seed=0):
     return quants.quantize(w, getattr(T, fmt))
 
 
+def qlin(x, blocks, bias=None):
+    """quant_linear on the blocks as the CPU planner holds them (quant_pack's layout)."""
+    return R.quant_linear(x, R.quant_pack(blocks), bias, blocks.shape[0])
+
+
 def reference(x: torch.Tensor, raw: np.ndarray, fmt: str, bias=None):
     w = quants.dequantize(raw, getattr(T, fmt)).astype(np.float64)
     y = x.double() @ torch.from_numpy(w).T
@@ -89,7 +95,7 @@ def test_matches_the_dequantized_matrix(fmt, n, k):
     x = torch.randn(11, k, generator=torch.Generator().manual_seed(k))
     bias = torch.randn(n, generator=torch.Generator().manual_seed(n))
     for b in (None, bias):
-        y = R.quant_linear(x, as_blocks(raw, fmt), b)
+        y = qlin(x, as_blocks(raw, fmt), b)
         assert y.dtype == torch.float32 and y.shape == (11, n)
         err = (y.double() - reference(x, raw, fmt, b)).abs()
         assert bool((err <= tolerance(x, raw, fmt) + 1e-6).all()), err.max()
@@ -104,14 +110,14 @@ def test_bf16_activations_widen_exactly_and_the_result_rounds_once(fmt):
     blocks = as_blocks(raw, fmt)
     x = torch.randn(37, 512, generator=torch.Generator().manual_seed(4)).bfloat16()
     bias = torch.randn(45, generator=torch.Generator().manual_seed(5)).bfloat16()
-    y = R.quant_linear(x, blocks, bias)
+    y = qlin(x, blocks, bias)
     assert y.dtype == torch.bfloat16 and y.shape == (37, 45)
     ref = reference(x.float(), raw, fmt, bias.float())
     half_unit = ref.abs() * 2.0 ** -8  # 8 significant bits
     assert bool(((y.double() - ref).abs() <= half_unit + tolerance(x.float(), raw, fmt) + 1e-6).all())
-    assert torch.equal(y, R.quant_linear(x.float(), blocks, bias.float()).bfloat16())
+    assert torch.equal(y, qlin(x.float(), blocks, bias.float()).bfloat16())
     for m in (1, 2, 5):
-        assert torch.equal(R.quant_linear(x[:m], blocks, bias), y[:m])
+        assert torch.equal(qlin(x[:m], blocks, bias), y[:m])
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -119,7 +125,7 @@ def test_bf16_activations_widen_exactly_and_the_result_rounds_once(fmt):
 def test_short_rows_of_32_element_blocks(fmt, k):
     raw = quantized(fmt, 13, k, seed=k)
     x = torch.randn(9, k, generator=torch.Generator().manual_seed(k))
-    err = (R.quant_linear(x, as_blocks(raw, fmt), None).double() - reference(x, raw, fmt)).abs()
+    err = (qlin(x, as_blocks(raw, fmt)).double() - reference(x, raw, fmt)).abs()
     assert bool((err <= tolerance(x, raw, fmt) + 1e-6).all())
 
 
@@ -127,7 +133,7 @@ def test_short_rows_of_32_element_blocks(fmt, k):
 def test_extreme_blocks_match_the_reference(fmt):
     raw = bytewise(fmt, 45, 256, seed=3)
     x = torch.randn(6, 256, generator=torch.Generator().manual_seed(1))
-    y = R.quant_linear(x, as_blocks(raw, fmt), None).double()
+    y = qlin(x, as_blocks(raw, fmt)).double()
     ref = reference(x, raw, fmt)
     finite = torch.isfinite(ref)
     assert bool(finite.any())
@@ -135,17 +141,54 @@ def test_extreme_blocks_match_the_reference(fmt):
 
 
 @pytest.mark.parametrize("fmt", ALL)
-@pytest.mark.parametrize("k", [256, 1792])  # 1792: the panel kernel parks its sums between column tiles
+@pytest.mark.parametrize("k", [256, 1792])
 def test_a_rows_result_does_not_depend_on_the_batch(fmt, k):
     raw = quantized(fmt, 45, k, seed=7)
     blocks = as_blocks(raw, fmt)
+    packed = R.quant_pack(blocks)
     x = torch.randn(2048, k, generator=torch.Generator().manual_seed(2))
-    full = R.quant_linear(x, blocks, None)
+    full = R.quant_linear(x, packed, None, 45)
     for m in (1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 257):
-        assert torch.equal(R.quant_linear(x[:m], blocks, None), full[:m]), m
+        assert torch.equal(R.quant_linear(x[:m], packed, None, 45), full[:m]), m
     for r in (0, 1, 5, 1000, 2047):  # one row alone, at the front of a batch and in the middle of another
-        assert torch.equal(R.quant_linear(x[r:r + 1], blocks, None), full[r:r + 1])
-        assert torch.equal(R.quant_linear(x[r:r + 6], blocks, None)[0], full[r])
+        assert torch.equal(R.quant_linear(x[r:r + 1], packed, None, 45), full[r:r + 1])
+        assert torch.equal(R.quant_linear(x[r:r + 6], packed, None, 45)[0], full[r])
+
+
+@pytest.mark.parametrize("fmt", ALL)
+@pytest.mark.parametrize("make", [quantized, bytewise])
+def test_the_dequantized_models_fp32_panels_bit_for_bit(fmt, make):
+    """The product is the fp32 panel kernel's on the dequantized matrix, bits included (NaN and inf where the
+    extreme blocks make them), at every row count: the few-row path that decodes in registers and the panel path
+    alike, so serving a GGUF as stored or dequantized gives the same logits."""
+    if R.cpu_isa() != "avx512":
+        pytest.skip("the fp32 panels need AVX-512")
+    n, k = 100, 512
+    raw = make(fmt, n, k, seed=11)
+    blocks = as_blocks(raw, fmt)
+    packed, panels = R.quant_pack(blocks), R.pack_panels(R.quant_dequantize(blocks))
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(12))
+    for m in (1, 2, 3, 4, 5, 9, 33, 200):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+        ours, theirs = R.quant_linear(x, packed, bias, n), R.panel_linear(x, panels, bias, n)
+        assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32)), (m, (ours - theirs).abs().max())
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_packed_rows_are_the_dequantized_rows_and_as_many_bytes(fmt):
+    raw = bytewise(fmt, 37, 512, seed=13)  # 37 rows: the last group of 16 is partly padding
+    blocks = as_blocks(raw, fmt)
+    packed = R.quant_pack(blocks)
+    dense = R.quant_dequantize(blocks)
+    ids = torch.tensor([[36, 0, 17], [15, 16, 36]])
+    rows = R.quant_packed_rows(packed, ids, 37)
+    assert rows.shape == (2, 3, 512)
+    assert torch.equal(rows.view(torch.int32), dense[ids].view(torch.int32))
+    # the same bytes per row, but the k-quants' packed 6-bit scales kept as bytes: +4 bytes per 256 weights
+    per_row = packed.numel() / (packed.shape[0] * 16)
+    assert per_row <= blocks[0].numel() * (1.03 if fmt in K_QUANTS else 1.0)
+    with pytest.raises(RuntimeError, match="out of range"):
+        R.quant_packed_rows(packed, torch.tensor([37]), 37)
 
 
 def _run_in_process(env_extra, fmt):
@@ -157,7 +200,8 @@ from rtp_llm._native import ops
 R = ops()
 raw = quantized({fmt!r}, 29, 512, seed=5)
 x = torch.randn(37, 512, generator=torch.Generator().manual_seed(9))
-y = torch.cat([R.quant_linear(x, as_blocks(raw, {fmt!r}), None), R.quant_linear(x[:3], as_blocks(raw, {fmt!r}), None)])
+p = R.quant_pack(as_blocks(raw, {fmt!r}))
+y = torch.cat([R.quant_linear(x, p, None, 29), R.quant_linear(x[:3], p, None, 29)])
 print(json.dumps({{"isa": R.cpu_isa(), "bits": y.view(torch.int32).flatten().tolist()}}))
 """
     env = dict(os.environ, **env_extra)
@@ -178,8 +222,13 @@ def test_same_bits_without_avx512(fmt):
 
 def test_bad_blocks_are_refused_with_the_formats_named():
     with pytest.raises(RuntimeError, match="Q8_0 34, Q4_0 18, Q4_1 20, Q5_0 22, Q5_1 24, Q4_K 144"):
-        R.quant_linear(torch.randn(2, 32), torch.zeros(3, 1, 19, dtype=torch.uint8), None)
+        R.quant_pack(torch.zeros(3, 1, 19, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match="Q8_0 544, Q4_0 288, Q4_1 320"):  # stored blocks, not packed
+        R.quant_linear(torch.randn(2, 32), torch.zeros(3, 1, 34, dtype=torch.uint8), None, 3)
+    packed = R.quant_pack(torch.zeros(3, 1, 34, dtype=torch.uint8))
     with pytest.raises(RuntimeError, match="columns"):
-        R.quant_linear(torch.randn(2, 64), torch.zeros(3, 1, 34, dtype=torch.uint8), None)
+        R.quant_linear(torch.randn(2, 64), packed, None, 3)
+    with pytest.raises(RuntimeError, match="groups of 16"):
+        R.quant_linear(torch.randn(2, 32), packed, None, 17)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
-        R.quant_linear(torch.randn(2, 32, dtype=torch.float16), torch.zeros(3, 1, 34, dtype=torch.uint8), None)
+        R.quant_linear(torch.randn(2, 32, dtype=torch.float16), packed, None, 3)

@@ -1,0 +1,153 @@
+// GGUF blocks repacked at load for the CPU kernels (quant_pack): 16 output rows interleaved per block, so that a
+// block decodes into k-major vectors of 16 rows' weights, the layout of the fp32 panels (panel_linear.cc), and
+// the quantized GEMM runs the fp32 panel tiles on the decoded panel: the same FMA chain per output over k as the
+// dequantized model, so the two give the same bits at every row count. Same bytes as stored, except the
+// k-quants' packed 6-bit scales, kept as bytes (Q4_K 148 and Q5_K 180 bytes per row-block instead of 144, 176).
+//
+// Packed weight: uint8 [ceil(N / 16), K / elements(f), 16 * row bytes]; rows past N are zero (weights 0).
+// A group-block (16 rows x the block's elements; "[a][16]" = 16 values, one per row, for each a):
+//   Q8_0  d[16] fp16 | q[32][16] int8
+//   Q4_0  d[16] | nib[16][16]                    nib byte [i][r]: row r's element 2i (low nibble), 2i+1 (high)
+//   Q4_1  d[16] | m[16] | nib[16][16]
+//   Q5_0  d[16] | fifth[32] uint16 | nib[16][16]  fifth[e] bit r: row r's element e's bit 4
+//   Q5_1  d[16] | m[16] | fifth[32] | nib[16][16]
+//   Q4_K  d[16] | dmin[16] | sc[8][16] | mn[8][16] (the 6-bit sub-block scales and mins) | nib[128][16]
+//   Q5_K  Q4_K's, then fifth[256] uint16 after mn
+//   Q6_K  d[16] | sc[16][16] int8 | nib[128][16] | hi[64][16]  hi byte [i][r] bits 2j, 2j+1: element 4i + j's bits 4-5
+// Values as quant_blocks.h computes them (gguf's float32 arithmetic).
+#pragma once
+
+#include "rtp_llm/cpp/cpu/quant_blocks.h"
+
+namespace rtp_llm {
+namespace quant {
+
+constexpr int kLanes = 16;  // output rows per group
+
+// Byte offsets inside a group-block (-1: the format has no such part) and its size.
+struct PackedLayout {
+    int d, m, sc, mn, fifth, q, hi, bytes;
+};
+
+constexpr PackedLayout packed_layout(Format f) {
+    switch (f) {
+        case Format::kQ8_0: return {0, -1, -1, -1, -1, 32, -1, 544};
+        case Format::kQ4_0: return {0, -1, -1, -1, -1, 32, -1, 288};
+        case Format::kQ4_1: return {0, 32, -1, -1, -1, 64, -1, 320};
+        case Format::kQ5_0: return {0, -1, -1, -1, 32, 96, -1, 352};
+        case Format::kQ5_1: return {0, 32, -1, -1, 64, 128, -1, 384};
+        case Format::kQ4_K: return {0, 32, 64, 192, -1, 320, -1, 2368};
+        case Format::kQ5_K: return {0, 32, 64, 192, 320, 832, -1, 2880};
+        case Format::kQ6_K: return {0, -1, 32, -1, -1, 288, 2336, 3360};
+        default: return {-1, -1, -1, -1, -1, -1, -1, 0};
+    }
+}
+
+inline Format packed_format_of(int64_t group_bytes) {
+    for (Format f : {Format::kQ8_0, Format::kQ4_0, Format::kQ4_1, Format::kQ5_0, Format::kQ5_1, Format::kQ4_K,
+                     Format::kQ5_K, Format::kQ6_K})
+        if (packed_layout(f).bytes == group_bytes) return f;
+    return Format::kUnknown;
+}
+
+// Element e's integer quant in a stored block, as the format stores it (no offset applied).
+inline int stored_q(Format f, const uint8_t* b, int e) {
+    switch (f) {
+        case Format::kQ8_0: return static_cast<int8_t>(b[2 + e]);
+        case Format::kQ4_0: return (b[2 + e % 16] >> (4 * (e / 16))) & 0x0F;
+        case Format::kQ4_1: return (b[4 + e % 16] >> (4 * (e / 16))) & 0x0F;
+        case Format::kQ5_0:
+        case Format::kQ5_1: {
+            const int off = f == Format::kQ5_1 ? 4 : 2;
+            uint32_t qh;
+            std::memcpy(&qh, b + off, 4);
+            return ((b[off + 4 + e % 16] >> (4 * (e / 16))) & 0x0F) | (((qh >> e) & 1) << 4);
+        }
+        case Format::kQ4_K:
+        case Format::kQ5_K: {
+            const int s = e / 32, i = e % 32;
+            const uint8_t* qs = b + (f == Format::kQ5_K ? 48 : 16) + 32 * (s / 2);
+            int q = (qs[i] >> (4 * (s % 2))) & 0x0F;
+            if (f == Format::kQ5_K) q |= ((b[16 + i] >> s) & 1) << 4;
+            return q;
+        }
+        case Format::kQ6_K: return q6_k(b, e / 32, e % 32);
+        default: return 0;
+    }
+}
+
+// Row r's element e of a group-block as gguf's dequantize gives it (the scalar form of the kernels' decode).
+inline float packed_value(Format f, const uint8_t* g, int r, int e) {
+    const PackedLayout L = packed_layout(f);
+    const float d = half_at(g + L.d + 2 * r);
+    int q;
+    if (f == Format::kQ8_0) {
+        q = static_cast<int8_t>(g[L.q + kLanes * e + r]);
+    } else {
+        q = (g[L.q + kLanes * (e / 2) + r] >> (4 * (e % 2))) & 0x0F;
+        if (L.fifth >= 0) {
+            uint16_t bits;
+            std::memcpy(&bits, g + L.fifth + 2 * e, 2);
+            q |= ((bits >> r) & 1) << 4;
+        }
+        if (L.hi >= 0) q |= ((g[L.hi + kLanes * (e / 4) + r] >> (2 * (e % 4))) & 0x03) << 4;
+    }
+    switch (f) {
+        case Format::kQ8_0: return static_cast<float>(q) * d;
+        case Format::kQ4_0: return static_cast<float>(q - 8) * d;
+        case Format::kQ5_0: return d * static_cast<float>(q - 16);
+        case Format::kQ4_1:
+        case Format::kQ5_1: return d * static_cast<float>(q) + half_at(g + L.m + 2 * r);
+        case Format::kQ4_K:
+        case Format::kQ5_K: {
+            const int s = e / 32;
+            const float ds = d * static_cast<float>(g[L.sc + kLanes * s + r]);
+            const float dm = half_at(g + L.m + 2 * r) * static_cast<float>(g[L.mn + kLanes * s + r]);
+            return ds * static_cast<float>(q) - dm;
+        }
+        case Format::kQ6_K: {
+            const float ds = d * static_cast<float>(static_cast<int8_t>(g[L.sc + kLanes * (e / 16) + r]));
+            return ds * static_cast<float>(q - 32);
+        }
+        default: return 0.f;
+    }
+}
+
+// Writes row r (0-15) of a group-block from stored block b.
+inline void pack_row(Format f, const uint8_t* b, int r, uint8_t* g) {
+    const PackedLayout L = packed_layout(f);
+    const int n = elements(f);
+    if (f == Format::kQ6_K) {
+        std::memcpy(g + L.d + 2 * r, b + 208, 2);
+        for (int t = 0; t < 16; ++t) g[L.sc + kLanes * t + r] = b[192 + t];
+    } else {
+        std::memcpy(g + L.d + 2 * r, b, 2);
+        if (L.m >= 0) std::memcpy(g + L.m + 2 * r, b + 2, 2);
+    }
+    if (L.sc >= 0 && f != Format::kQ6_K) {
+        for (int s = 0; s < 8; ++s) {
+            int sc, m;
+            k_scale_min(b + 4, s, &sc, &m);
+            g[L.sc + kLanes * s + r] = static_cast<uint8_t>(sc);
+            g[L.mn + kLanes * s + r] = static_cast<uint8_t>(m);
+        }
+    }
+    for (int e = 0; e < n; ++e) {
+        const int q = stored_q(f, b, e);
+        if (f == Format::kQ8_0) {
+            g[L.q + kLanes * e + r] = static_cast<uint8_t>(q);
+            continue;
+        }
+        g[L.q + kLanes * (e / 2) + r] |= static_cast<uint8_t>((q & 0x0F) << (4 * (e % 2)));
+        if (L.fifth >= 0 && (q & 0x10)) {
+            uint16_t bits;
+            std::memcpy(&bits, g + L.fifth + 2 * e, 2);
+            bits = static_cast<uint16_t>(bits | (1u << r));
+            std::memcpy(g + L.fifth + 2 * e, &bits, 2);
+        }
+        if (L.hi >= 0) g[L.hi + kLanes * (e / 4) + r] |= static_cast<uint8_t>(((q >> 4) & 0x03) << (2 * (e % 4)));
+    }
+}
+
+}  // namespace quant
+}  // namespace rtp_llm
