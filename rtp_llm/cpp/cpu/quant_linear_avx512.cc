@@ -7,7 +7,8 @@
 //   run on it for every row block: the decoding is paid once per panel and row chunk.
 #include <ATen/Parallel.h>
 
-#include <vector>
+#include <cstdlib>
+#include <cstring>
 
 #include "rtp_llm/cpp/cpu/ops.h"
 #include "rtp_llm/cpp/cpu/quant_packed.h"
@@ -198,11 +199,11 @@ __attribute__((noipa)) RTP_AVX512 void decode_panel(const uint8_t* w, int64_t gr
                                                     int64_t g1, float* scratch) {
     using C = Codec<F>;
     constexpr int kE = quant::elements(F);
-    for (int64_t g = g0; g < g1; ++g) {
-        float* col = scratch + 16 * (g - g0);
-        for (int64_t b = 0; b < k / kE; ++b) {
+    // block by block across the groups, so that each 192-byte row of the panel is written whole while in L1
+    for (int64_t b = 0; b < k / kE; ++b) {
+        for (int64_t g = g0; g < g1; ++g) {
             const uint8_t* gb = w + g * group_bytes + b * packed_layout(F).bytes;
-            float* dst = col + b * kE * kPanelCols;
+            float* dst = scratch + 16 * (g - g0) + b * kE * kPanelCols;
             for (int s = 0; s < C::kSections; ++s) {
                 const Scales sc = C::scales(gb, s);
                 for (int u = 0; u < C::kUnits; ++u)
@@ -216,9 +217,20 @@ __attribute__((noipa)) RTP_AVX512 void decode_panel(const uint8_t* w, int64_t gr
 // This thread's decoded panel, kept between calls (a fresh 100-300 KB buffer per call would be mapped and faulted
 // in each time).
 float* thread_panel(int64_t floats) {
-    thread_local std::vector<float> panel;
-    if (static_cast<int64_t>(panel.size()) < floats) panel.assign(static_cast<size_t>(floats), 0.f);
-    return panel.data();
+    struct Aligned {  // 64-byte aligned, so that a vector store is one cache line
+        float* p = nullptr;
+        int64_t size = 0;
+        ~Aligned() { std::free(p); }
+    };
+    thread_local Aligned panel;
+    if (panel.size < floats) {
+        std::free(panel.p);
+        panel.p = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((floats * 4 + 63) / 64 * 64)));
+        TORCH_CHECK(panel.p != nullptr, "quant_linear: no memory for a ", floats * 4, "-byte panel");
+        std::memset(panel.p, 0, static_cast<size_t>(floats) * 4);
+        panel.size = floats;
+    }
+    return panel.p;
 }
 
 template <Format F>
