@@ -79,6 +79,27 @@ def test_tiny_model_matches_transformers_on_the_same_file(tiny):
             assert all(torch.equal(a, b) for a, b in zip(out.logits, out_dense.logits))
 
 
+def test_a_qkv_mixing_q5_0_and_q8_0_stays_quantized_as_q8_0(tmp_path):
+    """llama.cpp's Q4_K_M files write some layers' v_proj in Q8_0 beside Q5_0 q and k (Qwen2.5's): the fused qkv
+    keeps all three as Q8_0 blocks with the same values (QuantizedWeight.as_q8_0), not a float copy; greedy tokens
+    and logits as transformers on the same file, and the dequantized model's bits."""
+    path = write_tiny_gguf(str(tmp_path / "tiny_mix.gguf"), "Q5_0", seed=5, overrides={"attn_v": "Q8_0"})
+    model, cfg = load_model(path, ops=CpuOps(), quantization="auto")
+    for layer in model.layers:
+        assert layer.qkv.quantized is not None and layer.qkv.quantized.format == "Q8_0"
+        assert layer.qkv.weight.numel() == 0 and layer.o.quantized.format == "Q5_0"
+    dense, _ = load_model(path, ops=CpuOps(), quantization="none")
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    ours = StaticRunner(model, cfg, num_blocks=32, block_size=16).generate(PROMPTS, params, keep_logits=True)
+    plain = StaticRunner(dense, cfg, num_blocks=32, block_size=16).generate(PROMPTS, params, keep_logits=True)
+    for prompt, out, out_dense in zip(PROMPTS, ours, plain):
+        tokens, logits = hf_reference(path, prompt, 8)
+        assert out.token_ids == tokens
+        assert max((a - b).abs().max().item() for a, b in zip(out.logits, logits)) < 1e-3
+        if model.ops.kernels.cpu_isa() == "avx512":
+            assert all(torch.equal(a, b) for a, b in zip(out.logits, out_dense.logits))
+
+
 def test_engine_with_chunked_prefill_and_prefix_cache(tiny):
     fmt, path = tiny
     prompt = list(range(100, 160))  # 60 tokens: four 16-token chunks

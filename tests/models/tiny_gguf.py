@@ -41,7 +41,10 @@ VOCAB_FIELDS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggm
                 "tokenizer.ggml.scores", "tokenizer.chat_template")
 
 
-def write_tiny_gguf(path: str, fmt: str, seed: int = 0, head_dim_64: bool = False, with_vocab: bool = True) -> str:
+def write_tiny_gguf(path: str, fmt: str, seed: int = 0, head_dim_64: bool = False, with_vocab: bool = True,
+                    overrides: dict[str, str] | None = None) -> str:
+    """overrides: a 32-element format for some of each layer's matrices by GGUF name ({"attn_v": "Q8_0"}, as
+    llama.cpp's k-quant mixes write them)."""
     import gguf
 
     from rtp_llm.models.default_model import default_model_path
@@ -72,8 +75,10 @@ def write_tiny_gguf(path: str, fmt: str, seed: int = 0, head_dim_64: bool = Fals
         if fmt in K_QUANT_SCALE:
             w.add_tensor(name, random_k_blocks(rng, fmt, rows, cols), raw_dtype=qtype)
             return
+        own = (overrides or {}).get(name.split(".")[-2]) if name.startswith("blk.") else None
+        kind = getattr(gguf.GGMLQuantizationType, own) if own else qtype
         data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
-        w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+        w.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
 
     def vector(name, n):
         w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
