@@ -28,6 +28,7 @@ using quant::packed_layout;
 constexpr int64_t kDirectRows = 4;   // up to this many rows, vectors meet the rows as they are decoded
 constexpr int kDirectGroups = 4;     // groups (of 16 outputs) in flight per row on that path
 constexpr int64_t kRowChunk = 192;   // rows per decoded panel on the panel path (panel_linear.cc's chunk)
+constexpr int64_t kLongStream = 32 * 1024;  // a group's bytes (all of K) from which the few-row path prefetches within it
 
 RTP_AVX512 inline __m512 halves16(const uint8_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -136,10 +137,11 @@ struct Codec<Format::kQ6_K> {
 };
 
 // M rows (M <= kDirectRows) against G consecutive groups from w (each group's blocks at group_bytes apart),
-// decoded in registers: acc[r][q] lane l = output 16 q + l. The next span of G groups is requested meanwhile.
+// decoded in registers: acc[r][q] lane l = output 16 q + l. The G groups at `ahead` (null: none) are requested
+// meanwhile.
 template <Format F, int M, int G>
 RTP_AVX512 void direct_groups(const uint8_t* w, int64_t group_bytes, const float* x, int64_t k, const float* bias,
-                              float* out, int64_t ldo, int cols) {
+                              float* out, int64_t ldo, int cols, const char* ahead) {
     using C = Codec<F>;
     constexpr quant::PackedLayout L = packed_layout(F);
     constexpr int kE = quant::elements(F);
@@ -147,7 +149,10 @@ RTP_AVX512 void direct_groups(const uint8_t* w, int64_t group_bytes, const float
     for (int r = 0; r < M; ++r)
         for (int q = 0; q < G; ++q) acc[r][q] = _mm512_setzero_ps();
     const int64_t blocks = k / kE;
-    const char* ahead = reinterpret_cast<const char*>(w) + G * group_bytes;
+    // Long group streams (a k-quant's 4864 columns: 45-64 KB each) are requested ~1 KB ahead within each stream
+    // instead: the G streams of the next span were then 4 x 64 KB, requested while the current span's own were
+    // left to the hardware prefetcher (Q6_K 896 x 4864 at one row: 17-20 -> 24-25 GB/s).
+    if (group_bytes >= kLongStream) ahead = reinterpret_cast<const char*>(w) + (1024 + L.bytes - 1) / L.bytes * L.bytes;
     constexpr int kLinesPerBlock = (L.bytes + 63) / 64;
     constexpr int kLinesPerSection = (kLinesPerBlock + C::kSections - 1) / C::kSections;
     for (int64_t b = 0; b < blocks; ++b) {
@@ -155,7 +160,7 @@ RTP_AVX512 void direct_groups(const uint8_t* w, int64_t group_bytes, const float
         for (int s = 0; s < C::kSections; ++s) {
             // the next span's group-blocks, a section's share of their lines per section (a burst of a k-quant
             // block's 150-200 requests overflowed the miss queues); a hint past the end is dropped, never a fault
-            for (int q = 0; q < G; ++q)
+            for (int q = 0; q < (ahead ? G : 0); ++q)
                 for (int i = s * kLinesPerSection; i < std::min(kLinesPerBlock, (s + 1) * kLinesPerSection); ++i)
                     __builtin_prefetch(ahead + q * group_bytes + b * L.bytes + 64 * i, 0, 2);
             Scales sc[G];
@@ -183,13 +188,21 @@ RTP_AVX512 void direct_groups(const uint8_t* w, int64_t group_bytes, const float
 template <Format F, int M>
 RTP_AVX512 void direct_m(const uint8_t* w, int64_t group_bytes, const float* x, const float* bias, float* out,
                          int64_t k, int64_t n, int64_t g0, int64_t g1) {
+    // a step requests the groups of the next one in this range, else the first of the range this thread will most
+    // likely claim next: past the range they are likely another thread's (at N = 896, 14 steps in all)
+    auto ahead = [&](int64_t next) -> const char* {
+        if (next < g1) return reinterpret_cast<const char*>(w + next * group_bytes);
+        const int64_t c = parallel_for_next_begin();
+        return c >= 0 ? reinterpret_cast<const char*>(w + c * kDirectGroups * group_bytes) : nullptr;
+    };
     int64_t g = g0;
     for (; g + kDirectGroups <= g1; g += kDirectGroups)
         direct_groups<F, M, kDirectGroups>(w + g * group_bytes, group_bytes, x, k, bias ? bias + 16 * g : nullptr,
-                                           out + 16 * g, n, static_cast<int>(std::min<int64_t>(64, n - 16 * g)));
+                                           out + 16 * g, n, static_cast<int>(std::min<int64_t>(64, n - 16 * g)),
+                                           ahead(g + kDirectGroups));
     for (; g < g1; ++g)
         direct_groups<F, M, 1>(w + g * group_bytes, group_bytes, x, k, bias ? bias + 16 * g : nullptr, out + 16 * g,
-                               n, static_cast<int>(std::min<int64_t>(16, n - 16 * g)));
+                               n, static_cast<int>(std::min<int64_t>(16, n - 16 * g)), ahead(g + 1));
 }
 
 // Groups [g0, g1) decoded into scratch [k, 48] columns 16 (g - g0) onward. noipa: GCC 12 at -O3 dropped the
