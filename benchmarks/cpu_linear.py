@@ -111,7 +111,7 @@ def _quant(kernels, formats, row_counts, copies_bytes: float = 150e6, rounds: in
             raw = quants.quantize(w, kind)
             blocks = torch.from_numpy(np.ascontiguousarray(raw)).view(n, -1, GGML_QUANT_SIZES[kind][1])
             panels = kernels.pack_panels(kernels.quant_dequantize(blocks))
-            blocks = kernels.quant_pack(blocks)  # as the CPU planner holds them
+            blocks = kernels.quant_pack([blocks])  # as the CPU planner holds them
             qs = [blocks.clone() for _ in range(int(copies_bytes // blocks.numel()) + 1)]
             ps = [panels.clone() for _ in range(int(copies_bytes // (panels.numel() * 4)) + 1)]
             for rows in row_counts:

@@ -5,6 +5,8 @@ The math stays the dequantized model's: every weight is the float32 value gguf's
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -18,35 +20,60 @@ QUANTIZATION_MODES = ("auto", "none", "int8")
 
 class QuantizedWeight:
     """blocks: uint8 [N, K / weights per block, block bytes], a torch tensor, or a numpy view of the file's mapping that is copied
-    into memory of its own on first use (so each byte is copied once, and nothing of the file stays mapped)."""
+    into memory of its own on first use (so each byte is copied once, and nothing of the file stays mapped); or
+    several such (cat: their rows in order), concatenated only when a caller asks for `blocks`."""
 
-    def __init__(self, blocks: torch.Tensor | np.ndarray, fmt: str):
-        if fmt not in BLOCK_BYTES or blocks.dtype not in (torch.uint8, np.uint8) or blocks.ndim != 3 \
-                or blocks.shape[2] != BLOCK_BYTES[fmt]:
-            raise ValueError(f"not {fmt} blocks: {blocks.dtype} {tuple(blocks.shape)}")
-        self._blocks, self.format = blocks, fmt
-        self._shape = (blocks.shape[0], blocks.shape[1] * BLOCK_ELEMENTS[fmt])
-        self._nbytes = int(np.prod(blocks.shape))
+    def __init__(self, blocks: torch.Tensor | np.ndarray | list, fmt: str):
+        parts = blocks if isinstance(blocks, list) else [blocks]
+        for part in parts:
+            if fmt not in BLOCK_BYTES or part.dtype not in (torch.uint8, np.uint8) or part.ndim != 3 \
+                    or part.shape[2] != BLOCK_BYTES[fmt] or part.shape[1] != parts[0].shape[1]:
+                raise ValueError(f"not {fmt} blocks: {part.dtype} {tuple(part.shape)}")
+        self._parts, self.format = parts, fmt
+        self._shape = (sum(p.shape[0] for p in parts), parts[0].shape[1] * BLOCK_ELEMENTS[fmt])
+        self._nbytes = sum(int(np.prod(p.shape)) for p in parts)
         self._packed: torch.Tensor | None = None
 
     def repacked(self, packed: torch.Tensor) -> None:
         """From now on the blocks live only in `packed`, the CPU kernels' interleaved layout of them
         (torch.ops.rtp_llm.quant_pack): rows() and dequantize() read it, the stored blocks are released."""
-        self._packed, self._blocks = packed, None
+        self._packed, self._parts = packed, None
 
     @property
     def packed(self) -> torch.Tensor | None:
         return self._packed
 
+    def file_blocks(self) -> list[torch.Tensor]:
+        """The parts to read once (quant_pack): the file's mapping itself where they are still views of it, so no
+        copy is made to be freed afterwards (freed copies of a whole model stay in the allocator's heap)."""
+        self._check_kept()
+        out = []
+        for part in self._parts:
+            if isinstance(part, np.ndarray) and not part.flags.c_contiguous:
+                part = np.ascontiguousarray(part)
+            with warnings.catch_warnings():  # a read-only mapping: the tensor is only read
+                warnings.simplefilter("ignore", UserWarning)
+                out.append(torch.from_numpy(part) if isinstance(part, np.ndarray) else part.contiguous())
+        return out
+
+    def _check_kept(self) -> None:
+        if self._parts is None:
+            raise RuntimeError("the blocks were repacked for the CPU kernels (QuantizedWeight.packed)")
+
     @property
     def blocks(self) -> torch.Tensor:
-        if self._blocks is None:
-            raise RuntimeError("the blocks were repacked for the CPU kernels (QuantizedWeight.packed)")
-        if isinstance(self._blocks, np.ndarray):
-            self._blocks = torch.from_numpy(np.array(self._blocks, order="C"))
-        elif not self._blocks.is_contiguous():
-            self._blocks = self._blocks.contiguous()
-        return self._blocks
+        self._check_kept()
+        if len(self._parts) > 1 or isinstance(self._parts[0], np.ndarray):
+            if all(isinstance(p, np.ndarray) for p in self._parts):
+                whole = torch.from_numpy(np.concatenate(self._parts) if len(self._parts) > 1
+                                         else np.array(self._parts[0], order="C"))
+            else:
+                whole = torch.cat([torch.from_numpy(np.array(p)) if isinstance(p, np.ndarray) else p
+                                   for p in self._parts])
+            self._parts = [whole]
+        if not self._parts[0].is_contiguous():
+            self._parts = [self._parts[0].contiguous()]
+        return self._parts[0]
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -98,12 +125,13 @@ class QuantizedWeight:
     def narrow(self, dim: int, start: int, stop: int) -> "QuantizedWeight | None":
         """Rows (dim 0) or columns (dim 1) [start, stop) as whole blocks, for a tensor-parallel shard; None when a
         column range does not fall on block boundaries (the caller then dequantizes)."""
+        stored = self._parts[0] if len(self._parts) == 1 else self.blocks  # a view of the file where it is one
         if dim == 0:
-            return QuantizedWeight(self._blocks[start:stop], self.format)
+            return QuantizedWeight(stored[start:stop], self.format)
         per = BLOCK_ELEMENTS[self.format]
         if start % per or stop % per:
             return None
-        return QuantizedWeight(self._blocks[:, start // per:stop // per], self.format)
+        return QuantizedWeight(stored[:, start // per:stop // per], self.format)
 
     def as_q8_0(self) -> "QuantizedWeight":
         """A Q4_0 or Q5_0 matrix as Q8_0 blocks with the same scales and q - 8 (q - 16) as the int8 quants: every weight
@@ -138,6 +166,6 @@ class QuantizedWeight:
             parts = [p.as_q8_0() for p in parts]
         if len(parts) == 1:
             return parts[0]
-        if all(isinstance(p._blocks, np.ndarray) for p in parts):
-            return QuantizedWeight(torch.from_numpy(np.concatenate([p._blocks for p in parts])), parts[0].format)
-        return QuantizedWeight(torch.cat([p.blocks for p in parts]), parts[0].format)
+        for p in parts:
+            p._check_kept()
+        return QuantizedWeight([b for p in parts for b in p._parts], parts[0].format)

@@ -107,7 +107,10 @@ def test_engine_with_chunked_prefill_and_prefix_cache(tiny):
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     with LLM(path, max_num_batched_tokens=16, block_size=16, num_blocks=64, max_model_len=512,
              enable_prefix_caching=True) as llm:
-        assert llm.core.runner.model.layers[0].qkv.quantized.format == fmt
+        model = llm.core.runner.model
+        assert model.layers[0].qkv.quantized.format == fmt
+        # greedy steps screen the packed head (quant_greedy_head) where the CPU has avx512_bf16
+        assert (model.head.kernel.screen is not None) == model.ops.kernels.cpu_avx512_bf16()
         first = llm.generate([prompt], params, use_tqdm=False)[0]
         again = llm.generate([prompt], params, use_tqdm=False)[0]  # its prefix now comes from the cache
         assert first.outputs[0].token_ids == again.outputs[0].token_ids == tokens
@@ -173,15 +176,20 @@ def test_smollm2_runs_q4_1_and_q8_0_as_stored_and_matches_transformers(smollm2):
 
 
 RSS = """
-import gc, json, os, sys
+import gc, json, os, sys, tempfile
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 import torch, gguf
 from rtp_llm.device.cpu.ops import CpuOps
 from rtp_llm.models.registry import load_model
-ops = CpuOps()
+from tests.models.tiny_gguf import write_tiny_gguf
+# a tiny GGUF loaded first, so that the modules a load imports (and their memory) are not counted as weights
+tiny, _ = load_model(write_tiny_gguf(os.path.join(tempfile.mkdtemp(), "t.gguf"), "Q4_1", with_vocab=False),
+                     ops=CpuOps(), quantization=sys.argv[2])
+del tiny
+gc.collect()
 before = rss()
-model, cfg = load_model(sys.argv[1], ops=ops, quantization=sys.argv[2])
+model, cfg = load_model(sys.argv[1], ops=CpuOps(), quantization=sys.argv[2])
 gc.collect()
 print(json.dumps({"delta": rss() - before}))
 """

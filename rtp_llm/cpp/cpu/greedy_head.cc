@@ -24,6 +24,7 @@
 #include "rtp_llm/cpp/cpu/ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <tuple>
@@ -104,14 +105,12 @@ bool screen_candidates(const float*, const float*, int64_t, float, float, float,
 
 namespace rtp_llm {
 
-std::tuple<at::Tensor, at::Tensor> pack_greedy_screen(const at::Tensor& w) {
-    TORCH_CHECK(cpu_avx512_bf16(), "pack_greedy_screen: needs a CPU with AVX-512 and avx512_bf16");
+at::Tensor greedy_bounds(const at::Tensor& w) {
     TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kFloat && w.dim() == 2 && w.numel() > 0,
-                "pack_greedy_screen: w must be a non-empty float32 [N, K] CPU tensor");
-    TORCH_CHECK(at::isfinite(w).all().item<bool>(), "pack_greedy_screen: w has non-finite values");
+                "greedy_bounds: w must be a non-empty float32 [N, K] CPU tensor");
+    TORCH_CHECK(at::isfinite(w).all().item<bool>(), "greedy_bounds: w has non-finite values");
     auto wc = w.contiguous();
     const int64_t n = wc.size(0), k = wc.size(1);
-    auto screen = pack_pair_panels(wc);
     auto bounds = at::empty({3, n}, wc.options());  // d_j, m_j, n_j
     const float* wp = wc.data_ptr<float>();
     float* bp = bounds.data_ptr<float>();
@@ -127,25 +126,51 @@ std::tuple<at::Tensor, at::Tensor> pack_greedy_screen(const at::Tensor& w) {
             bp[2 * n + j] = round_up(std::sqrt(exact));
         }
     });
-    return {screen, bounds};
+    return bounds;
 }
 
-at::Tensor greedy_head(const at::Tensor& h, const at::Tensor& screen, const at::Tensor& bounds,
-                       const at::Tensor& weight) {
-    TORCH_CHECK(cpu_avx512_bf16(), "greedy_head: needs a CPU with AVX-512 and avx512_bf16");
-    TORCH_CHECK(h.device().is_cpu() && h.scalar_type() == at::kFloat && h.dim() == 2,
-                "greedy_head: h must be a float32 [R, K] CPU tensor");
-    TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.dim() == 2 && weight.is_contiguous() &&
-                    weight.size(1) == h.size(1),
-                "greedy_head: weight must be the contiguous float32 [N, K] the screen was packed from");
-    const int64_t rows = h.size(0), k = h.size(1), n = weight.size(0), pairs = (k + 1) / 2;
-    const int64_t np = (n + kScreenCols - 1) / kScreenCols;
-    TORCH_CHECK(screen.scalar_type() == at::kInt && screen.is_contiguous() && screen.dim() == 3 &&
-                    screen.size(0) == np && screen.size(1) == pairs && screen.size(2) == kScreenCols,
-                "greedy_head: screen must be pack_greedy_screen(weight)[0]");
+at::Tensor quant_greedy_bounds(const at::Tensor& packed, int64_t n) {
+    TORCH_CHECK(cpu_avx512(), "quant_greedy_bounds: needs a CPU with AVX-512");
+    const int format = quant_packed_format(packed, n, "quant_greedy_bounds");
+    const int64_t k = packed.size(1) * quant_packed_elements(format);
+    auto bounds = at::empty({3, n}, at::TensorOptions().dtype(at::kFloat));
+    const uint8_t* w = packed.data_ptr<uint8_t>();
+    float* bp = bounds.data_ptr<float>();
+    std::atomic<bool> finite{true};
+    parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
+        std::vector<float> row(k);  // one decoded row at a time: no dequantized copy of the head
+        for (int64_t j = begin; j < end; ++j) {
+            quant_row_avx512(format, w, k, j, row.data());
+            double diff = 0, rounded = 0, exact = 0;
+            for (int64_t i = 0; i < k; ++i) {
+                if (!std::isfinite(row[i])) finite = false;
+                const double v = row[i], t = bf16_value(row[i]);
+                diff += (v - t) * (v - t), rounded += t * t, exact += v * v;
+            }
+            bp[j] = round_up(std::sqrt(diff)), bp[n + j] = round_up(std::sqrt(rounded)),
+            bp[2 * n + j] = round_up(std::sqrt(exact));
+        }
+    });
+    TORCH_CHECK(finite.load(), "quant_greedy_bounds: the weight has non-finite values");
+    return bounds;
+}
+
+std::tuple<at::Tensor, at::Tensor> pack_greedy_screen(const at::Tensor& w) {
+    TORCH_CHECK(cpu_avx512_bf16(), "pack_greedy_screen: needs a CPU with AVX-512 and avx512_bf16");
+    auto bounds = greedy_bounds(w);
+    return {pack_pair_panels(w.contiguous()), bounds};
+}
+
+namespace {
+
+// The ids for rows h [R, K] of a head of n rows: `screen` fills approx [R, n] from x~ as bf16 pairs, `row(j, buf)`
+// gives vocab row j's fp32 weights (a pointer into the weight, or buf filled).
+template <typename Screen, typename Row>
+at::Tensor greedy_ids(const at::Tensor& h, const at::Tensor& bounds, int64_t n, Screen&& screen, Row&& row) {
     TORCH_CHECK(bounds.scalar_type() == at::kFloat && bounds.is_contiguous() && bounds.dim() == 2 &&
                     bounds.size(0) == 3 && bounds.size(1) == n,
-                "greedy_head: bounds must be pack_greedy_screen(weight)[1]");
+                "greedy_head: bounds must be greedy_bounds of the head's [", n, ", K] weights");
+    const int64_t rows = h.size(0), k = h.size(1), pairs = (k + 1) / 2;
     auto ids = at::full({rows}, -1, h.options().dtype(at::kLong));
     if (rows == 0) return ids;
     auto hc = h.contiguous();
@@ -178,15 +203,13 @@ at::Tensor greedy_head(const at::Tensor& h, const at::Tensor& screen, const at::
     // The screen: approximate logits [rows, n], the bf16 panel kernel's fp32 sums.
     std::vector<float> approx(rows * n);
     const int64_t ld = n;
-    panel_linear_bf16(reinterpret_cast<const uint32_t*>(screen.data_ptr<int32_t>()), xpairs.data(), nullptr,
-                      approx.data(), rows, pairs, n);
+    screen(xpairs.data(), approx.data(), rows, pairs);
 
     // Per row: the threshold, the candidates, their exact logits.
     const float* dn = bounds.data_ptr<float>();
-    const float* wp = weight.data_ptr<float>();
     int64_t* out = ids.data_ptr<int64_t>();
     parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> bound(n);
+        std::vector<float> bound(n), buf(k);
         std::vector<int64_t> candidates;
         for (int64_t r = begin; r < end; ++r) {
             if (!finite[r]) continue;
@@ -198,7 +221,7 @@ at::Tensor greedy_head(const at::Tensor& h, const at::Tensor& screen, const at::
             float best_logit = 0;
             for (const int64_t j : candidates) {  // in increasing j: ties keep the lowest index
                 // The panel kernel's order: one FMA chain over k from zero.
-                const float* w = wp + j * k;
+                const float* w = row(j, buf.data());
                 float e = 0.f;
                 for (int64_t i = 0; i < k; ++i) e = std::fma(w[i], x[i], e);
                 if (best < 0 || e > best_logit) best = j, best_logit = e;
@@ -207,6 +230,53 @@ at::Tensor greedy_head(const at::Tensor& h, const at::Tensor& screen, const at::
         }
     });
     return ids;
+}
+
+void check_rows(const at::Tensor& h, const char* op) {
+    TORCH_CHECK(cpu_avx512_bf16(), op, ": needs a CPU with AVX-512 and avx512_bf16");
+    TORCH_CHECK(h.device().is_cpu() && h.scalar_type() == at::kFloat && h.dim() == 2, op,
+                ": h must be a float32 [R, K] CPU tensor");
+}
+
+}  // namespace
+
+at::Tensor greedy_head(const at::Tensor& h, const at::Tensor& screen, const at::Tensor& bounds,
+                       const at::Tensor& weight) {
+    check_rows(h, "greedy_head");
+    TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.dim() == 2 && weight.is_contiguous() &&
+                    weight.size(1) == h.size(1),
+                "greedy_head: weight must be the contiguous float32 [N, K] the screen was packed from");
+    const int64_t k = h.size(1), n = weight.size(0), pairs = (k + 1) / 2;
+    const int64_t np = (n + kScreenCols - 1) / kScreenCols;
+    TORCH_CHECK(screen.scalar_type() == at::kInt && screen.is_contiguous() && screen.dim() == 3 &&
+                    screen.size(0) == np && screen.size(1) == pairs && screen.size(2) == kScreenCols,
+                "greedy_head: screen must be pack_greedy_screen(weight)[0]");
+    const float* wp = weight.data_ptr<float>();
+    return greedy_ids(
+        h, bounds, n,
+        [&](const uint32_t* x_pairs, float* approx, int64_t rows, int64_t steps) {
+            panel_linear_bf16(reinterpret_cast<const uint32_t*>(screen.data_ptr<int32_t>()), x_pairs, nullptr,
+                              approx, rows, steps, n);
+        },
+        [&](int64_t j, float*) { return wp + j * k; });
+}
+
+at::Tensor quant_greedy_head(const at::Tensor& h, const at::Tensor& packed, const at::Tensor& bounds, int64_t n) {
+    check_rows(h, "quant_greedy_head");
+    const int format = quant_packed_format(packed, n, "quant_greedy_head");
+    const int64_t k = h.size(1);
+    TORCH_CHECK(k == packed.size(1) * quant_packed_elements(format), "quant_greedy_head: h has ", k,
+                " columns, the weight ", packed.size(1) * quant_packed_elements(format));
+    const uint8_t* w = packed.data_ptr<uint8_t>();
+    return greedy_ids(
+        h, bounds, n,
+        [&](const uint32_t* x_pairs, float* approx, int64_t rows, int64_t) {
+            quant_screen_avx512(format, w, x_pairs, approx, rows, k, n);
+        },
+        [&](int64_t j, float* buf) {
+            quant_row_avx512(format, w, k, j, buf);
+            return static_cast<const float*>(buf);
+        });
 }
 
 }  // namespace rtp_llm

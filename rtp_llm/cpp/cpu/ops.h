@@ -30,9 +30,10 @@ void gemv_avx512(const c10::BFloat16* w, const float* x, const float* bias, c10:
                  int64_t k, int64_t n);
 
 // --- GGUF block weights (quant_linear.cc, quant_linear_avx512.cc; formats in quant_blocks.h, quant_packed.h) --
-// The file's blocks, uint8 [N, K / 32 or K / 256, block bytes], repacked for the kernels: 16 rows interleaved per
-// block, [ceil(N / 16), blocks, 16 x row bytes] (quant_packed.h).
-at::Tensor quant_pack(const at::Tensor& w);
+// The file's blocks, uint8 [N, K / 32 or K / 256, block bytes] (several: their rows in order, as q | k | v),
+// repacked for the kernels: 16 rows interleaved per block, [ceil(N / 16), blocks, 16 x row bytes]
+// (quant_packed.h). Read straight from the file's mapping: no concatenated copy is made.
+at::Tensor quant_pack(const std::vector<at::Tensor>& parts);
 // x [M, K] (float32 or bfloat16) @ W^T (+ bias) -> [M, n] for W = quant_pack(blocks) with n rows: each weight
 // exactly gguf's dequantized float32 value, the fp32 panels' sums (bit for bit panel_linear on the dequantized
 // matrix), at every M and on every CPU.
@@ -41,9 +42,17 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
 at::Tensor quant_dequantize(const at::Tensor& w);
 // Rows `rows` (int64, any shape) of a packed weight with n rows, dequantized: [*rows.shape, K] (embedding lookups).
 at::Tensor quant_packed_rows(const at::Tensor& w, const at::Tensor& rows, int64_t n);
+// A packed weight's quant::Format, checked against its n rows (errors name `op`), and its elements per block.
+int quant_packed_format(const at::Tensor& w, int64_t n, const char* op);
+int64_t quant_packed_elements(int format);
 // format: quant::Format; the AVX-512 kernel of quant_linear on packed blocks.
 void quant_linear_avx512(int format, const uint8_t* w, const float* x, const float* bias, float* out, int64_t m,
                          int64_t k, int64_t n);
+// greedy_head's screen on packed blocks (avx512_bf16): out [m, n] = x (bf16 pairs [m, k / 2]) . bf16(w_j), each
+// weight's exact value rounded to nearest even; and row j of a packed weight, dequantized (k floats).
+void quant_screen_avx512(int format, const uint8_t* w, const uint32_t* x_pairs, float* out, int64_t m, int64_t k,
+                         int64_t n);
+void quant_row_avx512(int format, const uint8_t* w, int64_t k, int64_t row, float* out);
 
 // --- the panel GEMM (panel_linear.cc, AVX-512) --------------------------------------------------------------
 constexpr int64_t kPanelCols = 48;
@@ -85,6 +94,9 @@ void panel_linear_avx512(const float* panels, const float* x, const float* bias,
 // panel_linear's tiles and row blocks, the same bits; `lines` cache lines from `prefetch` requested meanwhile.
 void panel_block_fp32(const float* panel, const float* x, const float* bias, float* out, int64_t ldo, int64_t k,
                       int cols, int64_t rows, const char* prefetch, int64_t lines);
+// The same for one bf16 pair panel [pairs, 48] and x as bf16 pairs, the fp32 sums unrounded (avx512_bf16).
+void panel_block_bf16(const uint32_t* panel, const uint32_t* x_pairs, float* out, int64_t ldo, int64_t pairs,
+                      int cols, int64_t rows);
 void panel_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
                        int64_t m, int64_t pairs, int64_t n);
 void panel_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, float* out, int64_t m,
@@ -95,12 +107,19 @@ void panel_linear_silu_bf16(const uint32_t* panels, const uint32_t* x_pairs, con
                             int64_t m, int64_t pairs, int64_t inter);
 
 // --- the greedy LM head (greedy_head.cc, AVX-512 + avx512_bf16) ---------------------------------------------
-// A float32 head [N, K] -> (bf16 pair panels, per-row error bounds [3, N]).
+// A float32 head [N, K] -> its per-row error bounds [3, N] (|w - bf16(w)|, |bf16(w)|, |w|, rounded up).
+at::Tensor greedy_bounds(const at::Tensor& w);
+// A float32 head [N, K] -> (bf16 pair panels, greedy_bounds(w)).
 std::tuple<at::Tensor, at::Tensor> pack_greedy_screen(const at::Tensor& w);
 // argmax_j of h @ weight^T per row, exactly as the fp32 panel product would give it; -1 for rows with
 // non-finite values (the caller decides those on full logits).
 at::Tensor greedy_head(const at::Tensor& h, const at::Tensor& screen, const at::Tensor& bounds,
                        const at::Tensor& weight);
+// The same for a head kept as packed GGUF blocks (quant_pack, n rows; bounds: quant_greedy_bounds): the screen's bf16 weights and the candidates' exact rows decoded from the blocks, so the ids are argmax
+// of quant_linear's logits.
+at::Tensor quant_greedy_head(const at::Tensor& h, const at::Tensor& packed, const at::Tensor& bounds, int64_t n);
+// greedy_bounds of a packed weight's dequantized rows, decoded one row at a time (AVX-512).
+at::Tensor quant_greedy_bounds(const at::Tensor& packed, int64_t n);
 
 // argmax per row of [rows, vocab] float32 / bf16 logits, ties to the lowest index as torch.argmax; -1 for rows
 // holding a NaN (argmax_rows.cc).

@@ -85,12 +85,6 @@ struct Bf16Pairs {
 // as_stored: gate_up's value as the store above leaves it; round_act / store_act: silu_and_mul's rounding of
 // silu(gate) before the product and of the product (bf16: round to nearest even on the bits, as
 // vec::store8 does, denormals kept).
-RTP_AVX512 inline __m512i bf16_rne_bits(__m512 v) {  // the bf16 value in the high half of each lane
-    const __m512i bits = _mm512_castps_si512(v);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    return _mm512_and_si512(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))),
-                            _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
-}
 
 struct Fp32Act {
     RTP_AVX512 static inline __m512 as_stored(__m512 v) { return v; }
@@ -105,9 +99,9 @@ struct Bf16Act {
         const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
-    RTP_AVX512 static inline __m512 round_act(__m512 v) { return _mm512_castsi512_ps(bf16_rne_bits(v)); }
+    RTP_AVX512 static inline __m512 round_act(__m512 v) { return _mm512_castsi512_ps(avx512::bf16_rne_bits(v)); }
     RTP_AVX512 static inline void store_act(c10::BFloat16* out, __mmask16 mask, __m512 v) {
-        _mm256_mask_storeu_epi16(out, mask, _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_rne_bits(v), 16)));
+        _mm256_mask_storeu_epi16(out, mask, _mm512_cvtepi32_epi16(_mm512_srli_epi32(avx512::bf16_rne_bits(v), 16)));
     }
 };
 
@@ -316,6 +310,12 @@ void panel_block_fp32(const float* panel, const float* x, const float* bias, flo
     block_rows<Fp32, false>(panel, x, bias, out, ldo, k, cols, cols, rows, prefetch, lines, nullptr);
 }
 
+void panel_block_bf16(const uint32_t* panel, const uint32_t* x_pairs, float* out, int64_t ldo, int64_t pairs,
+                      int cols, int64_t rows) {
+    block_rows<Bf16PairsFloatOut, false>(panel, x_pairs, nullptr, out, ldo, pairs, cols, cols, rows, nullptr, 0,
+                                         nullptr);
+}
+
 void panel_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
                        int64_t m, int64_t pairs, int64_t n) {
     panel_linear_any<Bf16Pairs>(panels, x_pairs, bias, out, m, pairs, n);
@@ -344,6 +344,7 @@ namespace rtp_llm {
 void panel_linear_avx512(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t) {}
 void panel_block_fp32(const float*, const float*, const float*, float*, int64_t, int64_t, int, int64_t, const char*,
                       int64_t) {}
+void panel_block_bf16(const uint32_t*, const uint32_t*, float*, int64_t, int64_t, int, int64_t) {}
 void panel_linear_bf16(const uint32_t*, const uint32_t*, const float*, c10::BFloat16*, int64_t, int64_t, int64_t) {}
 void panel_linear_bf16(const uint32_t*, const uint32_t*, const float*, float*, int64_t, int64_t, int64_t) {}
 void panel_linear_silu_fp32(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t) {}

@@ -85,18 +85,32 @@ Format checked_packed(const at::Tensor& w, int64_t n, const char* op) {
 
 }  // namespace
 
-at::Tensor quant_pack(const at::Tensor& w) {
-    const Format f = checked_format(w);
-    const int64_t n = w.size(0), blocks = w.size(1), bytes = w.size(2);
+int quant_packed_format(const at::Tensor& w, int64_t n, const char* op) {
+    return static_cast<int>(checked_packed(w, n, op));
+}
+
+int64_t quant_packed_elements(int format) { return quant::elements(static_cast<Format>(format)); }
+
+at::Tensor quant_pack(const std::vector<at::Tensor>& parts) {
+    TORCH_CHECK(!parts.empty(), "quant_pack: no blocks given");
+    const Format f = checked_format(parts[0]);
+    const int64_t blocks = parts[0].size(1), bytes = parts[0].size(2);
+    std::vector<const uint8_t*> rows;  // the rows of the parts, in order
+    for (const auto& part : parts) {
+        TORCH_CHECK(checked_format(part) == f && part.size(1) == blocks,
+                    "quant_pack: the parts must share their format and columns (", parts[0].sizes(), " vs ",
+                    part.sizes(), ")");
+        for (int64_t r = 0; r < part.size(0); ++r) rows.push_back(part.data_ptr<uint8_t>() + r * blocks * bytes);
+    }
+    const int64_t n = static_cast<int64_t>(rows.size());
     const int64_t groups = (n + quant::kLanes - 1) / quant::kLanes, packed = quant::packed_layout(f).bytes;
-    auto out = at::zeros({groups, blocks, packed}, w.options());
-    const uint8_t* src = w.data_ptr<uint8_t>();
+    auto out = at::zeros({groups, blocks, packed}, parts[0].options());
     uint8_t* dst = out.data_ptr<uint8_t>();
     parallel_for(0, groups * blocks, 64, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
             const int64_t g = i / blocks, b = i % blocks;
             for (int r = 0; r < quant::kLanes && g * quant::kLanes + r < n; ++r)
-                quant::pack_row(f, src + ((g * quant::kLanes + r) * blocks + b) * bytes, r, dst + i * packed);
+                quant::pack_row(f, rows[g * quant::kLanes + r] + b * bytes, r, dst + i * packed);
         }
     });
     return out;

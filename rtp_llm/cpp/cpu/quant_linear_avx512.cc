@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "rtp_llm/cpp/cpu/ops.h"
 #include "rtp_llm/cpp/cpu/quant_packed.h"
@@ -205,8 +206,9 @@ RTP_AVX512 void direct_m(const uint8_t* w, int64_t group_bytes, const float* x, 
                                n, static_cast<int>(std::min<int64_t>(16, n - 16 * g)), ahead(g + 1));
 }
 
-// Groups [g0, g1) decoded into scratch [k, 48] columns 16 (g - g0) onward. noipa: GCC 12 at -O3 dropped the
-// call for the 5-bit formats (its interprocedural analysis took this function for one without side effects).
+// Groups [g0, g1) decoded into scratch [k, 48] columns 16 (g - g0) onward. noipa (here, decode_pair_panel and
+// packed_row): GCC 12 at -O3 dropped calls of these for the 5-bit formats, whose decode has mask operations (its
+// interprocedural analysis took them for functions without side effects; the tests caught it).
 template <Format F>
 __attribute__((noipa)) RTP_AVX512 void decode_panel(const uint8_t* w, int64_t group_bytes, int64_t k, int64_t g0,
                                                     int64_t g1, float* scratch) {
@@ -287,21 +289,103 @@ void run(const uint8_t* w, const float* x, const float* bias, float* out, int64_
     }
 }
 
+// decode_panel's weights rounded to bf16 (to nearest even, as c10::BFloat16 rounds them) as a pair panel
+// [k / 2, 48] (element 2i in the low half, 2i + 1 in the high): greedy_head's screen of a packed head.
+template <Format F>
+__attribute__((noipa)) RTP_AVX512 void decode_pair_panel(const uint8_t* w, int64_t group_bytes, int64_t k, int64_t g0,
+                                                         int64_t g1, uint32_t* scratch) {
+    using C = Codec<F>;
+    constexpr int kE = quant::elements(F);
+    for (int64_t b = 0; b < k / kE; ++b) {
+        for (int64_t g = g0; g < g1; ++g) {
+            const uint8_t* gb = w + g * group_bytes + b * packed_layout(F).bytes;
+            uint32_t* dst = scratch + 16 * (g - g0) + b * (kE / 2) * kPanelCols;
+            __m512i even = _mm512_setzero_si512();  // element 2i's bits, until 2i + 1 comes
+            for (int s = 0; s < C::kSections; ++s) {
+                const Scales sc = C::scales(gb, s);
+                for (int u = 0; u < C::kUnits; ++u)
+                    C::unit(gb, sc, s, u, [&](int e, __m512 v) RTP_AVX512 {
+                        const __m512i bits = avx512::bf16_rne_bits(v);
+                        if ((e & 1) == 0) {
+                            even = _mm512_srli_epi32(bits, 16);
+                            return;
+                        }
+                        _mm512_storeu_si512(dst + (e / 2) * kPanelCols, _mm512_or_si512(even, bits));
+                    });
+            }
+        }
+    }
+}
+
+template <Format F>
+void screen(const uint8_t* w, const uint32_t* x_pairs, float* out, int64_t m, int64_t k, int64_t n) {
+    const int64_t group_bytes = k / quant::elements(F) * packed_layout(F).bytes;
+    const int64_t groups = (n + kLanes - 1) / kLanes, pairs = k / 2;
+    constexpr int64_t kGroupsPerPanel = kPanelCols / kLanes;
+    const int64_t panels = (n + kPanelCols - 1) / kPanelCols;
+    for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
+        const int64_t rows = std::min(kRowChunk, m - r0);
+        parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+            auto* scratch = reinterpret_cast<uint32_t*>(thread_panel(pairs * kPanelCols));
+            for (int64_t p = p0; p < p1; ++p) {
+                const int64_t g0 = p * kGroupsPerPanel, g1 = std::min(groups, g0 + kGroupsPerPanel);
+                decode_pair_panel<F>(w, group_bytes, k, g0, g1, scratch);
+                panel_block_bf16(scratch, x_pairs + r0 * pairs, out + r0 * n + p * kPanelCols, n, pairs,
+                                 static_cast<int>(std::min<int64_t>(kPanelCols, n - p * kPanelCols)), rows);
+            }
+        });
+    }
+}
+
+// Row `row` of a packed weight: its group's blocks decoded, lane row % 16 kept.
+template <Format F>
+__attribute__((noipa)) RTP_AVX512 void packed_row(const uint8_t* w, int64_t k, int64_t row, float* out) {
+    using C = Codec<F>;
+    constexpr int kE = quant::elements(F);
+    const int64_t group_bytes = k / kE * packed_layout(F).bytes;
+    const uint8_t* g = w + (row / kLanes) * group_bytes;
+    const __mmask16 lane = static_cast<__mmask16>(1u << (row % kLanes));
+    for (int64_t b = 0; b < k / kE; ++b) {
+        const uint8_t* gb = g + b * packed_layout(F).bytes;
+        for (int s = 0; s < C::kSections; ++s) {
+            const Scales sc = C::scales(gb, s);
+            for (int u = 0; u < C::kUnits; ++u)
+                C::unit(gb, sc, s, u, [&](int e, __m512 v) RTP_AVX512 {
+                    _mm512_mask_compressstoreu_ps(out + b * kE + e, lane, v);
+                });
+        }
+    }
+}
+
+template <typename Fn>
+void by_format(int format, Fn&& fn) {
+    switch (static_cast<Format>(format)) {
+        case Format::kQ8_0: return fn(std::integral_constant<Format, Format::kQ8_0>());
+        case Format::kQ4_0: return fn(std::integral_constant<Format, Format::kQ4_0>());
+        case Format::kQ4_1: return fn(std::integral_constant<Format, Format::kQ4_1>());
+        case Format::kQ5_0: return fn(std::integral_constant<Format, Format::kQ5_0>());
+        case Format::kQ5_1: return fn(std::integral_constant<Format, Format::kQ5_1>());
+        case Format::kQ4_K: return fn(std::integral_constant<Format, Format::kQ4_K>());
+        case Format::kQ5_K: return fn(std::integral_constant<Format, Format::kQ5_K>());
+        case Format::kQ6_K: return fn(std::integral_constant<Format, Format::kQ6_K>());
+        case Format::kUnknown: return;
+    }
+}
+
 }  // namespace
+
+void quant_screen_avx512(int format, const uint8_t* w, const uint32_t* x_pairs, float* out, int64_t m, int64_t k,
+                         int64_t n) {
+    by_format(format, [&](auto f) { screen<decltype(f)::value>(w, x_pairs, out, m, k, n); });
+}
+
+void quant_row_avx512(int format, const uint8_t* w, int64_t k, int64_t row, float* out) {
+    by_format(format, [&](auto f) { packed_row<decltype(f)::value>(w, k, row, out); });
+}
 
 void quant_linear_avx512(int format, const uint8_t* w, const float* x, const float* bias, float* out, int64_t m,
                          int64_t k, int64_t n) {
-    switch (static_cast<Format>(format)) {
-        case Format::kQ8_0: return run<Format::kQ8_0>(w, x, bias, out, m, k, n);
-        case Format::kQ4_0: return run<Format::kQ4_0>(w, x, bias, out, m, k, n);
-        case Format::kQ4_1: return run<Format::kQ4_1>(w, x, bias, out, m, k, n);
-        case Format::kQ5_0: return run<Format::kQ5_0>(w, x, bias, out, m, k, n);
-        case Format::kQ5_1: return run<Format::kQ5_1>(w, x, bias, out, m, k, n);
-        case Format::kQ4_K: return run<Format::kQ4_K>(w, x, bias, out, m, k, n);
-        case Format::kQ5_K: return run<Format::kQ5_K>(w, x, bias, out, m, k, n);
-        case Format::kQ6_K: return run<Format::kQ6_K>(w, x, bias, out, m, k, n);
-        case Format::kUnknown: return;
-    }
+    by_format(format, [&](auto f) { run<decltype(f)::value>(w, x, bias, out, m, k, n); });
 }
 
 }  // namespace rtp_llm
@@ -310,6 +394,8 @@ void quant_linear_avx512(int format, const uint8_t* w, const float* x, const flo
 
 namespace rtp_llm {
 void quant_linear_avx512(int, const uint8_t*, const float*, const float*, float*, int64_t, int64_t, int64_t) {}
+void quant_screen_avx512(int, const uint8_t*, const uint32_t*, float*, int64_t, int64_t, int64_t) {}
+void quant_row_avx512(int, const uint8_t*, int64_t, int64_t, float*) {}
 }  // namespace rtp_llm
 
 #endif

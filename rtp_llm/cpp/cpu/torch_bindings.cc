@@ -24,7 +24,7 @@ TORCH_LIBRARY(rtp_llm, m) {
 
     m.def("linear(Tensor x, Tensor? plain, Tensor? packed, Tensor? bias, int n, int gemv_max_rows) -> Tensor");
     m.def("gemv(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
-    m.def("quant_pack(Tensor w) -> Tensor");
+    m.def("quant_pack(Tensor[] parts) -> Tensor");
     m.def("quant_linear(Tensor x, Tensor w, Tensor? bias, int n) -> Tensor");
     m.def("quant_packed_rows(Tensor w, Tensor rows, int n) -> Tensor");
     m.def("quant_dequantize(Tensor w) -> Tensor");
@@ -32,7 +32,10 @@ TORCH_LIBRARY(rtp_llm, m) {
     m.def("panel_linear(Tensor x, Tensor panels, Tensor? bias, int n) -> Tensor");
     m.def("pack_gated_panels(Tensor w) -> Tensor");
     m.def("panel_linear_silu(Tensor x, Tensor panels, Tensor? bias, int inter) -> Tensor");
+    m.def("greedy_bounds(Tensor w) -> Tensor");
     m.def("pack_greedy_screen(Tensor w) -> (Tensor, Tensor)");
+    m.def("quant_greedy_head(Tensor h, Tensor packed, Tensor bounds, int n) -> Tensor");
+    m.def("quant_greedy_bounds(Tensor packed, int n) -> Tensor");
     m.def("greedy_head(Tensor h, Tensor screen, Tensor bounds, Tensor weight) -> Tensor");
     m.def("argmax_rows(Tensor logits) -> Tensor");
 
@@ -65,7 +68,10 @@ TORCH_LIBRARY_IMPL(rtp_llm, CPU, m) {
     m.impl("panel_linear", &panel_linear);
     m.impl("pack_gated_panels", &pack_gated_panels);
     m.impl("panel_linear_silu", &panel_linear_silu);
+    m.impl("greedy_bounds", &greedy_bounds);
     m.impl("pack_greedy_screen", &pack_greedy_screen);
+    m.impl("quant_greedy_head", &quant_greedy_head);
+    m.impl("quant_greedy_bounds", &quant_greedy_bounds);
     m.impl("greedy_head", &greedy_head);
     m.impl("argmax_rows", &argmax_rows);
     m.impl("rms_norm", &rms_norm);

@@ -9,7 +9,8 @@ layer (rtp_llm/layers/linear.py) as a CpuLinear, as vLLM's dispatch_cpu_unquanti
   uses), and beside it, when `gemv_weights` allows, the plain weight for the GEMV kernel of steps of a few rows
   (rtp_llm/cpp/cpu/gemv.cc), which streams weights faster than oneDNN there.
 - the LM head the same way; a tied head keeps its plain rows (the embedding lookup reads them), and a float32
-  head on panels gets a bf16 screen for greedy steps (greedy_head.cc) whose exact recompute reads them too.
+  head on panels gets a bf16 screen for greedy steps (greedy_head.cc) whose exact recompute reads them too; a
+  head of GGUF blocks gets the screen's error bounds only (its bf16 weights and exact rows decoded from the blocks).
 
 Which copy a call uses (GEMV on few rows, else the packed copy, else torch) is decided in C++ by
 torch.ops.rtp_llm.linear, the function the fused decoder layers call as well.
@@ -47,7 +48,8 @@ class CpuLinear:
         self.kernels = kernels
         self.out_features = out_features
         self.plain, self.packed, self.gemv_rows, self.gated = plain, packed, gemv_rows, gated
-        self.screen: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # greedy heads: (bf16 panels, bounds)
+        # greedy heads: (bf16 panels, bounds); a head of packed GGUF blocks: (None, bounds)
+        self.screen: Optional[tuple[Optional[torch.Tensor], torch.Tensor]] = None
 
     @property
     def on_panels(self) -> bool:
@@ -122,8 +124,11 @@ class LinearPlanner:
         for lin in quantized + ([head] if head.quantized is not None else []):
             q = lin.quantized
             if q.packed is None:
-                q.repacked(self.kernels.quant_pack(q.blocks))
+                q.repacked(self.kernels.quant_pack(q.file_blocks()))
             lin.kernel = CpuLinear(self.kernels, q.shape[0], None, q.packed)
+        if head.quantized is not None and greedy_screen and head.weight.dtype == torch.float32 \
+                and self.kernels.cpu_avx512_bf16():
+            head.kernel.screen = self._quant_screen(head.quantized)
         onednn = [lin.weight for lin in linears if not self.on_panels(lin.weight) and self._packs_onednn(lin.weight)]
         self.keeps_plain_weights = bool(onednn) and self._keep_plain(sum(w.numel() * w.element_size()
                                                                          for w in onednn))
@@ -143,6 +148,16 @@ class LinearPlanner:
             kernel.plain = None
             w.data = torch.empty(0, dtype=w.dtype)  # an untied head on panels: the panels are its only use
         head.kernel = kernel
+
+    def _quant_screen(self, q):
+        """(None, bounds): a packed head's greedy screen needs only the error bounds of its dequantized rows (the
+        bf16 weights are decoded from the blocks at each step: no copy); None when a weight is not finite."""
+        try:
+            return None, self.kernels.quant_greedy_bounds(q.packed, q.shape[0])
+        except RuntimeError as exc:
+            if "non-finite" not in str(exc):
+                raise
+            return None
 
     def _kernel(self, w: torch.Tensor, gated: bool, keep_plain: bool) -> CpuLinear:
         n, rows = w.shape[0], self.gemv_rows.get(w.dtype, 0)

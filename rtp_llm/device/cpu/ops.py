@@ -58,7 +58,10 @@ class CpuOps(TorchOps):
     def greedy_tokens(self, h, head):
         screen = getattr(head.kernel, "screen", None)
         if screen is not None and h.dtype == torch.float32 and h.dim() == 2:
-            ids = self.kernels.greedy_head(h, screen[0], screen[1], head.weight)
+            if screen[0] is None:  # a head of packed GGUF blocks
+                ids = self.kernels.quant_greedy_head(h, head.kernel.packed, screen[1], head.kernel.out_features)
+            else:
+                ids = self.kernels.greedy_head(h, screen[0], screen[1], head.weight)
             rest = ids < 0  # rows with non-finite values: their full logits decide
             if bool(rest.any()):
                 ids[rest] = super().greedy_tokens(h[rest], head)
@@ -66,7 +69,7 @@ class CpuOps(TorchOps):
         logits = head(h)
         if logits.dim() != 2 or logits.dtype not in self.FUSED_DTYPES:
             return logits.float().argmax(dim=-1)
-        # Every logit computed (bf16 heads, GGUF heads as stored): the argmax in one vectorised pass.
+        # Every logit computed (bf16 heads, heads without a screen): the argmax in one vectorised pass.
         ids = self.kernels.argmax_rows(logits)
         rest = ids < 0  # rows holding a NaN: torch.argmax says which one wins
         if bool(rest.any()):

@@ -53,6 +53,41 @@ def test_screen_equals_the_argmax_of_the_fp32_logits(rows, n, k):
     assert not torch.equal(approx, ref)
 
 
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"])
+def test_a_head_of_packed_gguf_blocks_gives_the_argmax_of_its_logits(fmt):
+    """quant_greedy_head: the screen's bf16 weights and the candidates' exact rows decoded from the packed blocks
+    (no copy of the head): exactly torch.argmax of quant_linear's logits, ties to the lowest id."""
+    from tests.device.cpu.test_quant_linear import as_blocks, quantized
+
+    n, k = 2000, 512
+    raw = quantized(fmt, n, k, seed=4)
+    raw[n - 1] = raw[n // 2]  # two identical vocab rows
+    raw[n // 3 + 1] = raw[n // 3]
+    packed = K.quant_pack([as_blocks(raw, fmt)])
+    dense = K.quant_dequantize(as_blocks(raw, fmt))
+    bounds = K.greedy_bounds(dense)
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(24, k, generator=g)
+    h[:8] += dense[torch.randint(0, n, (8,), generator=g)] * 20  # rows aimed at vocab rows
+    h[8] = dense[n // 2] * 50
+    h[9] = dense[n // 3] * 50
+    h[10, 3] = float("nan")
+    ref = K.quant_linear(h, packed, None, n).argmax(dim=-1)
+    got = K.quant_greedy_head(h, packed, bounds, n)
+    assert got[10] == -1  # a non-finite row: left to the full logits
+    keep = torch.arange(24) != 10
+    assert torch.equal(got[keep], ref[keep])
+    assert bool((got != n - 1).all() and (got != n // 3 + 1).all())  # of two identical rows, the lower id
+    if not fmt.endswith("_K"):  # (random k-quant rows carry mins: their dot products follow the norms)
+        assert got[8] == n // 2 and got[9] == n // 3
+    for r in (0, 9, 23):  # a row alone: the same id
+        assert K.quant_greedy_head(h[r:r + 1], packed, bounds, n)[0] == got[r]
+    with pytest.raises(RuntimeError, match="columns"):
+        K.quant_greedy_head(torch.randn(2, 256), packed, bounds, n)
+    with pytest.raises(RuntimeError, match="bounds must be"):
+        K.quant_greedy_head(h, packed, bounds[:, :10], n)
+
+
 def test_rows_with_non_finite_values_are_left_to_the_full_logits():
     g = torch.Generator().manual_seed(3)
     w = torch.randn(500, 64, generator=g)

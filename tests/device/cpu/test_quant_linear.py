@@ -63,7 +63,7 @@ def quantized(fmt, n, k, seed=0):
 
 def qlin(x, blocks, bias=None):
     """quant_linear on the blocks as the CPU planner holds them (quant_pack's layout)."""
-    return R.quant_linear(x, R.quant_pack(blocks), bias, blocks.shape[0])
+    return R.quant_linear(x, R.quant_pack([blocks]), bias, blocks.shape[0])
 
 
 def reference(x: torch.Tensor, raw: np.ndarray, fmt: str, bias=None):
@@ -145,7 +145,7 @@ def test_extreme_blocks_match_the_reference(fmt):
 def test_a_rows_result_does_not_depend_on_the_batch(fmt, k):
     raw = quantized(fmt, 45, k, seed=7)
     blocks = as_blocks(raw, fmt)
-    packed = R.quant_pack(blocks)
+    packed = R.quant_pack([blocks])
     x = torch.randn(2048, k, generator=torch.Generator().manual_seed(2))
     full = R.quant_linear(x, packed, None, 45)
     for m in (1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 257):
@@ -166,7 +166,7 @@ def test_the_dequantized_models_fp32_panels_bit_for_bit(fmt, make):
     n, k = 100, 512
     raw = make(fmt, n, k, seed=11)
     blocks = as_blocks(raw, fmt)
-    packed, panels = R.quant_pack(blocks), R.pack_panels(R.quant_dequantize(blocks))
+    packed, panels = R.quant_pack([blocks]), R.pack_panels(R.quant_dequantize(blocks))
     bias = torch.randn(n, generator=torch.Generator().manual_seed(12))
     for m in (1, 2, 3, 4, 5, 9, 33, 200):
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
@@ -178,7 +178,7 @@ def test_the_dequantized_models_fp32_panels_bit_for_bit(fmt, make):
 def test_packed_rows_are_the_dequantized_rows_and_as_many_bytes(fmt):
     raw = bytewise(fmt, 37, 512, seed=13)  # 37 rows: the last group of 16 is partly padding
     blocks = as_blocks(raw, fmt)
-    packed = R.quant_pack(blocks)
+    packed = R.quant_pack([blocks])
     dense = R.quant_dequantize(blocks)
     ids = torch.tensor([[36, 0, 17], [15, 16, 36]])
     rows = R.quant_packed_rows(packed, ids, 37)
@@ -200,7 +200,7 @@ from rtp_llm._native import ops
 R = ops()
 raw = quantized({fmt!r}, 29, 512, seed=5)
 x = torch.randn(37, 512, generator=torch.Generator().manual_seed(9))
-p = R.quant_pack(as_blocks(raw, {fmt!r}))
+p = R.quant_pack([as_blocks(raw, {fmt!r})])
 y = torch.cat([R.quant_linear(x, p, None, 29), R.quant_linear(x[:3], p, None, 29)])
 print(json.dumps({{"isa": R.cpu_isa(), "bits": y.view(torch.int32).flatten().tolist()}}))
 """
@@ -222,10 +222,10 @@ def test_same_bits_without_avx512(fmt):
 
 def test_bad_blocks_are_refused_with_the_formats_named():
     with pytest.raises(RuntimeError, match="Q8_0 34, Q4_0 18, Q4_1 20, Q5_0 22, Q5_1 24, Q4_K 144"):
-        R.quant_pack(torch.zeros(3, 1, 19, dtype=torch.uint8))
+        R.quant_pack([torch.zeros(3, 1, 19, dtype=torch.uint8)])
     with pytest.raises(RuntimeError, match="Q8_0 544, Q4_0 288, Q4_1 320"):  # stored blocks, not packed
         R.quant_linear(torch.randn(2, 32), torch.zeros(3, 1, 34, dtype=torch.uint8), None, 3)
-    packed = R.quant_pack(torch.zeros(3, 1, 34, dtype=torch.uint8))
+    packed = R.quant_pack([torch.zeros(3, 1, 34, dtype=torch.uint8)])
     with pytest.raises(RuntimeError, match="columns"):
         R.quant_linear(torch.randn(2, 64), packed, None, 3)
     with pytest.raises(RuntimeError, match="groups of 16"):

@@ -40,6 +40,15 @@ RTP_AVX512 inline __m512 load16(const c10::BFloat16* p, __mmask16 mask) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
+// Each lane rounded to bf16, to nearest even on the bits (denormals kept, as c10::BFloat16 rounds a finite
+// float): the bf16 value in the high half of each lane, the low half zero.
+RTP_AVX512 inline __m512i bf16_rne_bits(__m512 v) {
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    return _mm512_and_si512(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))),
+                            _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+}
+
 // exp(x), 16 lanes (vec::expf_poly in cpu_vec.h: the same method and constants as vec::exp8).
 RTP_AVX512 inline __m512 exp16(__m512 x) {
     using namespace vec::expf_poly;
