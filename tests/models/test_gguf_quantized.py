@@ -117,6 +117,29 @@ def test_engine_with_chunked_prefill_and_prefix_cache(tiny):
         assert again.num_cached_tokens >= 48
 
 
+def test_greedy_batches_screen_the_packed_head(tiny):
+    """Six greedy sequences in one step: the head of blocks finds their tokens through quant_greedy_head's screen
+    (where the CPU has avx512_bf16), the tokens transformers gives on the same file."""
+    fmt, path = tiny
+    prompts = [[3 + i, 17, 5 + 2 * i, 9, 11 + i] for i in range(6)]
+    expected = [hf_reference(path, p, 6)[0] for p in prompts]
+    with LLM(path, block_size=16, num_blocks=64, max_model_len=256) as llm:
+        ops = llm.core.runner.model.ops
+        kernels, calls = ops.kernels, []
+
+        class Counting:  # the screen's op, counted; every other op passes through
+            def __getattr__(self, name):
+                if name == "quant_greedy_head":
+                    return lambda *a: calls.append(a[0].shape[0]) or kernels.quant_greedy_head(*a)
+                return getattr(kernels, name)
+
+        ops.kernels = Counting()
+        outs = llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True), use_tqdm=False)
+        ops.kernels = kernels
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    assert bool(calls) == kernels.cpu_avx512_bf16() and all(rows >= ops.QUANT_SCREEN_MIN_ROWS for rows in calls)
+
+
 @pytest.fixture(scope="module", params=FORMATS)
 def tiny_no_vocab(request, tmp_path_factory):
     # without the 49,152-token vocabulary (the tokenizer comes from the default model): each parse of the file is

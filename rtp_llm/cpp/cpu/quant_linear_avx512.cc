@@ -291,26 +291,31 @@ void run(const uint8_t* w, const float* x, const float* bias, float* out, int64_
 
 // decode_panel's weights rounded to bf16 (to nearest even, as c10::BFloat16 rounds them) as a pair panel
 // [k / 2, 48] (element 2i in the low half, 2i + 1 in the high): greedy_head's screen of a packed head.
+// vcvtne2ps2bf16 rounds to nearest even but reads denormal weights as zero: a change of at most 2^-126 per weight
+// from the rounding greedy_bounds assumes, inside the screen's constant term (greedy_head.cc's c0).
 template <Format F>
-__attribute__((noipa)) RTP_AVX512 void decode_pair_panel(const uint8_t* w, int64_t group_bytes, int64_t k, int64_t g0,
-                                                         int64_t g1, uint32_t* scratch) {
+__attribute__((noipa)) RTP_AVX512_BF16 void decode_pair_panel(const uint8_t* w, int64_t group_bytes, int64_t k,
+                                                              int64_t g0, int64_t g1, uint32_t* scratch) {
     using C = Codec<F>;
     constexpr int kE = quant::elements(F);
+    // [even 0-15 | odd 0-15] as 16-bit elements -> lane i = (even i, odd i)
+    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                                22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     for (int64_t b = 0; b < k / kE; ++b) {
         for (int64_t g = g0; g < g1; ++g) {
             const uint8_t* gb = w + g * group_bytes + b * packed_layout(F).bytes;
             uint32_t* dst = scratch + 16 * (g - g0) + b * (kE / 2) * kPanelCols;
-            __m512i even = _mm512_setzero_si512();  // element 2i's bits, until 2i + 1 comes
+            __m512 even = _mm512_setzero_ps();  // element 2i, until 2i + 1 comes
             for (int s = 0; s < C::kSections; ++s) {
                 const Scales sc = C::scales(gb, s);
                 for (int u = 0; u < C::kUnits; ++u)
-                    C::unit(gb, sc, s, u, [&](int e, __m512 v) RTP_AVX512 {
-                        const __m512i bits = avx512::bf16_rne_bits(v);
+                    C::unit(gb, sc, s, u, [&](int e, __m512 v) RTP_AVX512_BF16 {
                         if ((e & 1) == 0) {
-                            even = _mm512_srli_epi32(bits, 16);
+                            even = v;
                             return;
                         }
-                        _mm512_storeu_si512(dst + (e / 2) * kPanelCols, _mm512_or_si512(even, bits));
+                        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(v, even);
+                        _mm512_storeu_si512(dst + (e / 2) * kPanelCols, _mm512_permutexvar_epi16(interleave, both));
                     });
             }
         }

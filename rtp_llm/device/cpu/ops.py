@@ -35,6 +35,9 @@ class CpuOps(TorchOps):
     # widened to it and the result rounded once.
     quantized_formats = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
     quantized_dtypes = (torch.float32, torch.bfloat16)
+    # Rows from which a head of GGUF blocks finds greedy tokens through the bf16 screen (quant_greedy_head): below,
+    # quant_linear's few-row path computes every logit faster (benchmarks.cpu_greedy_head --quant).
+    QUANT_SCREEN_MIN_ROWS = 5
 
     def __init__(self, gemv_weights: str = "auto", available_memory=available_memory):
         from rtp_llm._native import ops
@@ -57,8 +60,11 @@ class CpuOps(TorchOps):
 
     def greedy_tokens(self, h, head):
         screen = getattr(head.kernel, "screen", None)
+        packed_head = screen is not None and screen[0] is None
+        if packed_head and h.shape[0] < self.QUANT_SCREEN_MIN_ROWS:
+            screen = None  # a few rows' logits decode the blocks in registers: faster than the screen's panels
         if screen is not None and h.dtype == torch.float32 and h.dim() == 2:
-            if screen[0] is None:  # a head of packed GGUF blocks
+            if packed_head:  # a head of packed GGUF blocks
                 ids = self.kernels.quant_greedy_head(h, head.kernel.packed, screen[1], head.kernel.out_features)
             else:
                 ids = self.kernels.greedy_head(h, screen[0], screen[1], head.weight)
