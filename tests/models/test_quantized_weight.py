@@ -4,14 +4,13 @@ original blocks (bits compared, extreme scales included)."""
 
 import numpy as np
 import pytest
-import torch
 
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf import quants  # noqa: E402
 
 from rtp_llm.models.quantized import QuantizedWeight  # noqa: E402
-from tests.device.cpu.test_quant_linear import as_blocks, bytewise, quantized  # noqa: E402
+from tests.models.gguf_blocks import as_blocks, bytewise, quantized  # noqa: E402
 
 
 def values(q: QuantizedWeight) -> np.ndarray:

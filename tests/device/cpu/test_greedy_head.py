@@ -57,7 +57,7 @@ def test_screen_equals_the_argmax_of_the_fp32_logits(rows, n, k):
 def test_a_head_of_packed_gguf_blocks_gives_the_argmax_of_its_logits(fmt):
     """quant_greedy_head: the screen's bf16 weights and the candidates' exact rows decoded from the packed blocks
     (no copy of the head): exactly torch.argmax of quant_linear's logits, ties to the lowest id."""
-    from tests.device.cpu.test_quant_linear import as_blocks, quantized
+    from tests.models.gguf_blocks import as_blocks, quantized
 
     n, k = 2000, 512
     raw = quantized(fmt, n, k, seed=4)
