@@ -199,8 +199,12 @@ RTP_AVX512 void softmax_row_avx512(float* s, int64_t len, int64_t end) {
         return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1);
     };
     __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    for (int64_t t = 0; t < len; t += 16)
-        mx = _mm512_mask_max_ps(mx, mask_of(len - t), mx, _mm512_loadu_ps(s + t));
+    // masked loads throughout: a row's tail may end its allocation, and a full load there can cross into an
+    // unmapped page (a rare SIGSEGV under load, found by AddressSanitizer)
+    for (int64_t t = 0; t < len; t += 16) {
+        const __mmask16 k = mask_of(len - t);
+        mx = _mm512_mask_max_ps(mx, k, mx, _mm512_maskz_loadu_ps(k, s + t));
+    }
     const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
     __m512 sum = _mm512_setzero_ps();
     for (int64_t t = 0; t < len; t += 16) {
