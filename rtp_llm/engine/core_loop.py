@@ -10,6 +10,7 @@ tensor-parallel monitor reports from its own).
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import gc
 import logging
 import pickle
@@ -124,6 +125,9 @@ def run_engine_process(config, conn, log_level: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # A fatal signal in a kernel (SIGSEGV, SIGILL, SIGBUS) prints this process's Python stack to the server's log:
+    # the op and the step that died, where the server itself can only say that the engine exited.
+    faulthandler.enable()
     transport = PipeTransport(conn)
     from rtp_llm.engine.core import EngineCore
 

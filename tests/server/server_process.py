@@ -139,12 +139,13 @@ def wait_exit(proc: subprocess.Popen, limit: float = 90) -> int:
         pytest.fail(f"process {proc.pid} still running after {limit}s")
 
 
-def kill_during_stream(srv: ServerProcess, pid: int, what: str) -> tuple[BackgroundStream, int, str]:
-    """SIGKILLs `pid` (a process serving `srv`) while a long stream is open; returns the stream (ended: a
-    hang fails here), the server's exit code and its output. `what` names the process in the failure."""
+def kill_during_stream(srv: ServerProcess, pid: int, what: str,
+                       sig: int = signal.SIGKILL) -> tuple[BackgroundStream, int, str]:
+    """Sends `sig` (SIGKILL) to `pid` (a process serving `srv`) while a long stream is open; returns the stream
+    (ended: a hang fails here), the server's exit code and its output. `what` names the process in the failure."""
     stream = BackgroundStream(srv.url)
     assert stream.wait_for_chunks(3), srv.output()[-2000:]
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid, sig)
     code = wait_exit(srv.proc)
     assert stream.ended(30), f"the client stream hung after the {what} died"
     return stream, code, srv.output()

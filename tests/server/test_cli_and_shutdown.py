@@ -159,6 +159,19 @@ def test_engine_process_death_ends_streams_and_stops_the_server():
     assert not stream.finished_normally
 
 
+def test_a_crashing_engine_leaves_its_python_stack_in_the_log():
+    """A fatal signal in the engine (a kernel's SIGSEGV) prints the engine's Python stack before it dies: the log
+    names the step that crashed, not only that the engine exited."""
+    srv = ServerProcess("--max_model_len", "1024", "--kv_cache_memory_gb", "0.05")
+    engine = _engine_pid(srv)
+    stream, code, out = kill_during_stream(srv, engine, "engine", signal.SIGSEGV)
+    assert code == 1, out[-3000:]
+    assert "Fatal Python error: Segmentation fault" in out, out[-3000:]
+    assert re.search(r'File ".*rtp_llm/engine/core_loop\.py", line \d+ in run_engine_process', out), out[-3000:]
+    assert f"the engine process (pid {engine}) exited: signal SIGSEGV" in out, out[-3000:]
+    assert "signal SIGSEGV" in str(stream.errors[0]), stream.errors
+
+
 def test_killing_the_server_takes_the_engine_process_with_it():
     srv = ServerProcess("--max_model_len", "128", "--kv_cache_memory_gb", "0.05")
     engine = _engine_pid(srv)
