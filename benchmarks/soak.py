@@ -39,6 +39,10 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def _mb(xs: list[float]) -> list:
+    return [None if x != x else round(x) for x in xs]  # NaN: the process is gone
+
+
 def gauge(metrics: str, name: str) -> float:
     for line in metrics.splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
@@ -129,9 +133,11 @@ async def run_load(url: str, seconds: float, concurrency: int, pids: list[int], 
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=concurrency + 4)) as http:
         tasks = [asyncio.create_task(worker(i)) for i in range(concurrency)]
         t_start = time.monotonic()
+        gone: list[int] = []
         while any(not t.done() for t in tasks):
             await asyncio.sleep(min(60.0, max(1.0, seconds / 4)))
             rss.append([rss_mb(p) for p in pids])
+            gone = [p for p, x in zip(pids, rss[-1]) if x != x]
             m, minute = minute, {"ttft": [], "tpot": [], "status": {}, "aborted": 0, "bad_not_4xx": 0,
                                  "client_errors": []}
             for k in ("aborted", "bad_not_4xx"):
@@ -142,7 +148,14 @@ async def run_load(url: str, seconds: float, concurrency: int, pids: list[int], 
             report(json.dumps({"t_s": round(time.monotonic() - t_start), "status": m["status"],
                                "ttft_p50": _pct(m["ttft"], 50), "ttft_p99": _pct(m["ttft"], 99),
                                "tpot_p50": _pct(m["tpot"], 50), "tpot_p99": _pct(m["tpot"], 99),
-                               "rss_mb": [round(x) for x in rss[-1]]}))
+                               "rss_mb": _mb(rss[-1])}))
+            if gone:  # a server or engine process died: no point loading it further (the caller reads its log)
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                summary = {"seconds": seconds, "status": total["status"], "gone": gone}
+                report(json.dumps({"summary": summary}))
+                return summary
         await asyncio.gather(*tasks)
         # After the load: every request finished or aborted, nothing may hold a block.
         for _ in range(100):
@@ -152,10 +165,10 @@ async def run_load(url: str, seconds: float, concurrency: int, pids: list[int], 
                 break
             await asyncio.sleep(0.2)
     growth = [round(b - a, 1) for a, b in zip(rss[0], rss[-1])] if len(rss) > 1 else [0.0] * len(pids)
-    summary = {"seconds": seconds, "status": total["status"], "aborted": total["aborted"],
+    summary = {"seconds": seconds, "status": total["status"], "gone": [], "aborted": total["aborted"],
                "bad_not_4xx": total["bad_not_4xx"], "client_errors": total["client_errors"][:10],
-               "leaked": {"running": running, "kv_usage": usage}, "rss_mb_first": [round(x) for x in rss[0]],
-               "rss_mb_last": [round(x) for x in rss[-1]], "rss_growth_mb_after_warmup": growth}
+               "leaked": {"running": running, "kv_usage": usage}, "rss_mb_first": _mb(rss[0]),
+               "rss_mb_last": _mb(rss[-1]), "rss_growth_mb_after_warmup": growth}
     report(json.dumps({"summary": summary}))
     return summary
 
@@ -203,7 +216,8 @@ def main():
         if proc is not None:
             proc.terminate()
             proc.wait(60)
-    sys.exit(0 if summary["status"].get(5, 0) == 0 and summary["leaked"]["running"] == 0 else 1)
+    ok = not summary["gone"] and summary["status"].get(5, 0) == 0 and summary["leaked"]["running"] == 0
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ def test_a_minute_of_mixed_load_leaks_nothing():
         proc.terminate()
         code = proc.wait(120)
     text = open(log).read()
+    assert not summary["gone"], f"processes {summary['gone']} died under load; server log:\n{text[-6000:]}"
     assert code == 0, text[-2000:]
     assert summary["status"].get(5, 0) == 0 and summary["status"].get(2, 0) > 20, lines
     assert summary["bad_not_4xx"] == 0 and summary["aborted"] > 0
