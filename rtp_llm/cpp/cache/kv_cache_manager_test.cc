@@ -98,6 +98,7 @@ TEST(KVCacheManager, FreedPrefixStaysCachedUntilEvicted) {
     auto b = iota(6, 500);
     EXPECT_TRUE(m.can_allocate(b.data(), 6, 6));
     m.add_sequence(2, b.data(), 6);
+    s.resize(6);  // six slots written (AddressSanitizer caught the five-slot buffer)
     m.append_slots(2, 6, s.data());
     EXPECT_EQ(m.match_prefix(a.data(), 5), 0);
     expect_accounting(m);
