@@ -13,8 +13,8 @@ memory: ms per 30 layers and weight GB/s, each kernel in turn over 3 rounds (min
 gate_up + SiLU as the two ops on ordinary panels (panel_linear, then silu_and_mul) against panel_linear_silu on
 gated panels (the SiLU in the GEMM's epilogue, the same bits), alternating, best of 4 x 30 calls. --quant times
 quant_linear on GGUF blocks (the gguf package's quantizer on random weights; SmolLM2's shapes) against the fp32 panel
-kernel on the same matrix dequantized, GFLOP/s with copies streamed past the L3 and with one copy in cache: the
-dot-form kernel the blocks run in against the broadcast form of the dense panels.
+kernel on the same matrix dequantized, GFLOP/s with copies streamed past the L3 and with one copy in cache (the same
+sums bit for bit: the blocks decoded into fp32 panels, then the dense panels' tiles).
 """
 
 from __future__ import annotations
