@@ -52,6 +52,25 @@ inline float half_at(const uint8_t* p) {
 #endif
 }
 
+// Whether a stored block's fp16 scales (d, and the min or dmin where the format has one) are finite. No quantizer
+// writes inf or NaN there; a file that has them is corrupt (llama.cpp's row validation refuses it too), and the
+// kernels' fused decode (d q - 8 d) would turn a gguf inf into NaN.
+inline bool finite_scales(Format f, const uint8_t* b) {
+    auto finite = [&](int at) {
+        uint16_t bits;
+        std::memcpy(&bits, b + at, 2);
+        return (bits & 0x7C00) != 0x7C00;
+    };
+    switch (f) {
+        case Format::kQ6_K: return finite(208);
+        case Format::kQ4_1:
+        case Format::kQ5_1:
+        case Format::kQ4_K:
+        case Format::kQ5_K: return finite(0) && finite(2);
+        default: return finite(0);
+    }
+}
+
 // Q4_K / Q5_K: sub-block s's 6-bit scale and min from the 12 packed bytes.
 inline void k_scale_min(const uint8_t* sc12, int s, int* sc, int* m) {
     if (s < 4) {

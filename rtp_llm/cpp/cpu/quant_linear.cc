@@ -13,6 +13,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -106,13 +107,20 @@ at::Tensor quant_pack(const std::vector<at::Tensor>& parts) {
     const int64_t groups = (n + quant::kLanes - 1) / quant::kLanes, packed = quant::packed_layout(f).bytes;
     auto out = at::zeros({groups, blocks, packed}, parts[0].options());
     uint8_t* dst = out.data_ptr<uint8_t>();
+    std::atomic<int64_t> bad{-1};  // a block (row * blocks + b) whose scales are not finite
     parallel_for(0, groups * blocks, 64, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
             const int64_t g = i / blocks, b = i % blocks;
-            for (int r = 0; r < quant::kLanes && g * quant::kLanes + r < n; ++r)
-                quant::pack_row(f, rows[g * quant::kLanes + r] + b * bytes, r, dst + i * packed);
+            for (int r = 0; r < quant::kLanes && g * quant::kLanes + r < n; ++r) {
+                const uint8_t* block = rows[g * quant::kLanes + r] + b * bytes;
+                if (!quant::finite_scales(f, block)) bad.store((g * quant::kLanes + r) * blocks + b);
+                quant::pack_row(f, block, r, dst + i * packed);
+            }
         }
     });
+    const int64_t at = bad.load();
+    TORCH_CHECK(at < 0, "quant_pack: row ", at / blocks, " block ", at % blocks,
+                " has a non-finite scale (inf or NaN): the blocks are corrupt");
     return out;
 }
 

@@ -85,8 +85,11 @@ struct Codec {
         if constexpr (kK) {  // d * sc, dmin * m
             return {_mm512_mul_ps(halves16(g + L.d), _mm512_cvtepi32_ps(bytes16(g + L.sc + 16 * s))),
                     _mm512_mul_ps(halves16(g + L.m), _mm512_cvtepi32_ps(bytes16(g + L.mn + 16 * s)))};
-        } else {
-            return {halves16(g + L.d), kMin ? halves16(g + L.m) : _mm512_setzero_ps()};
+        } else if constexpr (kMin) {
+            return {halves16(g + L.d), halves16(g + L.m)};
+        } else {  // d, and the offset's product -8 d (-16 d): exact, a power of two
+            const __m512 d = halves16(g + L.d);
+            return {d, _mm512_mul_ps(d, _mm512_set1_ps(kFive ? -16.f : -8.f))};
         }
     }
     template <typename Emit>
@@ -95,16 +98,23 @@ struct Codec {
         const int e0 = 32 * s + 2 * u;
         const __m512i bytes = bytes16(g + L.q + 8 * e0);
         __m512i q[2] = {_mm512_and_si512(bytes, _mm512_set1_epi32(0x0F)), _mm512_srli_epi32(bytes, 4)};
+        // Every product below is exact (d: 11 significant bits, d sc: 17, q: 5 or 6), so one fused rounding gives
+        // gguf's value; only an exact zero may come out as +0 where gguf has -0 (d < 0), which no FMA chain from
+        // +0 can tell apart.
         for (int h = 0; h < 2; ++h) {
-            if constexpr (kFive)
-                q[h] = _mm512_mask_or_epi32(q[h], mask_at(g + L.fifth + 2 * (e0 + h)), q[h], _mm512_set1_epi32(16));
             __m512 v;
             if constexpr (kK) {  // (d sc) q - dmin m
-                v = _mm512_sub_ps(_mm512_mul_ps(sc.a, _mm512_cvtepi32_ps(q[h])), sc.b);
+                if constexpr (kFive)
+                    q[h] = _mm512_mask_or_epi32(q[h], mask_at(g + L.fifth + 2 * (e0 + h)), q[h], _mm512_set1_epi32(16));
+                v = _mm512_fmsub_ps(sc.a, _mm512_cvtepi32_ps(q[h]), sc.b);
             } else if constexpr (kMin) {  // d q + m
-                v = _mm512_add_ps(_mm512_mul_ps(sc.a, _mm512_cvtepi32_ps(q[h])), sc.b);
-            } else {  // (q - 8 or 16) d
-                v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q[h], _mm512_set1_epi32(kFive ? 16 : 8))), sc.a);
+                if constexpr (kFive)
+                    q[h] = _mm512_mask_or_epi32(q[h], mask_at(g + L.fifth + 2 * (e0 + h)), q[h], _mm512_set1_epi32(16));
+                v = _mm512_fmadd_ps(sc.a, _mm512_cvtepi32_ps(q[h]), sc.b);
+            } else {  // d (q - 8 or 16) = d nibble - 8 d (- 16 d where the fifth bit is clear)
+                __m512 off = sc.b;
+                if constexpr (kFive) off = _mm512_mask_mov_ps(off, mask_at(g + L.fifth + 2 * (e0 + h)), _mm512_setzero_ps());
+                v = _mm512_fmadd_ps(sc.a, _mm512_cvtepi32_ps(q[h]), off);
             }
             emit(e0 + h, v);
         }
@@ -117,7 +127,8 @@ struct Codec<Format::kQ6_K> {
     static constexpr int kSections = 16, kUnits = 4;  // 16 elements per scale, 4 per high-bits byte
     RTP_AVX512 static Scales scales(const uint8_t* g, int t) {
         const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + L.sc + 16 * t)));
-        return {_mm512_mul_ps(halves16(g + L.d), _mm512_cvtepi32_ps(sc)), _mm512_setzero_ps()};
+        const __m512 dsc = _mm512_mul_ps(halves16(g + L.d), _mm512_cvtepi32_ps(sc));
+        return {dsc, _mm512_mul_ps(dsc, _mm512_set1_ps(-32.f))};  // -32 d sc: exact, a power of two
     }
     template <typename Emit>
     RTP_AVX512 static __attribute__((always_inline)) inline void unit(const uint8_t* g, const Scales& sc, int t, int u,
@@ -129,9 +140,10 @@ struct Codec<Format::kQ6_K> {
             for (int h = 0; h < 2; ++h) {
                 const __m512i lo = h ? _mm512_srli_epi32(bytes, 4) : _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F));
                 const __m512i hi2 = _mm512_and_si512(_mm512_srli_epi32(high, 2 * (2 * p + h)), _mm512_set1_epi32(3));
-                const __m512i q =
-                    _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi2, 4)), _mm512_set1_epi32(32));
-                emit(e0 + 2 * p + h, _mm512_mul_ps(sc.a, _mm512_cvtepi32_ps(q)));
+                // d sc (q - 32) rounded once either way: d sc q - 32 d sc is the same exact value (the fused form
+                // saves the subtraction; an exact zero may come out +0 for -0, as above)
+                const __m512i q = _mm512_or_si512(lo, _mm512_slli_epi32(hi2, 4));
+                emit(e0 + 2 * p + h, _mm512_fmadd_ps(sc.a, _mm512_cvtepi32_ps(q), sc.b));
             }
         }
     }

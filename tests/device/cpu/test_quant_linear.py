@@ -197,3 +197,24 @@ def test_bad_blocks_are_refused_with_the_formats_named():
         R.quant_linear(torch.randn(2, 32), packed, None, 17)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         R.quant_linear(torch.randn(2, 32, dtype=torch.float16), packed, None, 3)
+
+
+SCALE_FIELDS = {"Q6_K": [208], "Q4_1": [0, 2], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2]}
+
+
+@pytest.mark.parametrize("fmt", ALL)
+@pytest.mark.parametrize("bits", [0x7C00, 0xFC00, 0x7E00])  # +inf, -inf, NaN
+def test_blocks_with_a_non_finite_scale_are_refused_at_packing(fmt, bits):
+    """No quantizer writes inf or NaN scales: such a file is corrupt, and the kernels' fused decode would give NaN
+    where gguf's dequantize gives inf. quant_pack names the row and block instead of serving garbage."""
+    k = block_elements(fmt) * 2
+    for at in SCALE_FIELDS.get(fmt, [0]):
+        raw = bytewise(fmt, 20, k, seed=3, extreme=False)
+        blocks = as_blocks(raw, fmt).clone()
+        blocks[17, 1, at:at + 2] = torch.tensor([bits & 0xFF, bits >> 8], dtype=torch.uint8)
+        with pytest.raises(RuntimeError, match="row 17 block 1 has a non-finite scale"):
+            R.quant_pack([blocks])
+        # in a later part of a fused projection the row counts on from the earlier parts
+        with pytest.raises(RuntimeError, match="row 37 block 1 has a non-finite scale"):
+            R.quant_pack([as_blocks(raw, fmt), blocks])
+    assert R.quant_pack([as_blocks(bytewise(fmt, 20, k, seed=3, extreme=False), fmt)]).numel() > 0
