@@ -5,7 +5,8 @@ on CPUs without AVX-512), the plain-layout GEMV kernel on few rows, and the pane
     python -m benchmarks.cpu_linear [--rows 1 4 32 4096]
     python -m benchmarks.cpu_linear --stream [--dtype float32 bfloat16] [--stream-rows 1 8 16 32 64]
     python -m benchmarks.cpu_linear --gated [--dtype float32 bfloat16] [--rows 1 32 512]
-    python -m benchmarks.cpu_linear --quant [--formats Q4_1 Q8_0] [--rows 32]
+    python -m benchmarks.cpu_linear --quant [--formats Q4_1 Q8_0] [--rows 32] [--model-shapes qwen2.5-0.5b]
+        [--ops OTHER/_ops.so]
 
 The default mode repeats one weight, which then sits in cache (GFLOP/s). --stream runs the four linear layers
 of 30 layers with their own weights (425 MB in fp32), as a decode step does, so the weights stream from
@@ -14,7 +15,9 @@ gate_up + SiLU as the two ops on ordinary panels (panel_linear, then silu_and_mu
 gated panels (the SiLU in the GEMM's epilogue, the same bits), alternating, best of 4 x 30 calls. --quant times
 quant_linear on GGUF blocks (the gguf package's quantizer on random weights; SmolLM2's shapes) against the fp32 panel
 kernel on the same matrix dequantized, GFLOP/s with copies streamed past the L3 and with one copy in cache (the same
-sums bit for bit: the blocks decoded into fp32 panels, then the dense panels' tiles).
+sums bit for bit: the blocks decoded into fp32 panels, then the dense panels' tiles); the k-quants (which gguf cannot
+quantize) as random blocks with realistic scales; --model-shapes qwen2.5-0.5b uses Qwen2.5-0.5B's shapes and its
+151,936-row head; --ops times another build of the kernels (an A/B of two builds is two runs, alternated by hand).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import torch
 import torch.nn.functional as F
 
 SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576), "lm_head": (576, 49152)}
+QWEN_SHAPES = {"qkv": (896, 1152), "o": (896, 896), "gate_up": (896, 9728), "down": (4864, 896),
+               "lm_head": (896, 151936)}  # (in, out): Qwen2.5-0.5B
 
 
 def _time(fn, reps: int) -> float:
@@ -45,16 +50,23 @@ def main() -> None:
     ap.add_argument("--stream-rows", type=int, nargs="+", default=[1, 2, 4, 8, 12, 16, 24, 32, 48, 64])
     ap.add_argument("--quant", action="store_true", help="GGUF blocks (quant_linear) vs dequantized fp32 panels")
     ap.add_argument("--formats", nargs="+", default=["Q4_1", "Q8_0"], help="with --quant")
+    ap.add_argument("--model-shapes", choices=["smollm2", "qwen2.5-0.5b"], default="smollm2", help="with --quant")
+    ap.add_argument("--ops", help="with --quant: this _ops.so instead of rtp_llm's (another build, for an A/B)")
     args = ap.parse_args()
     from rtp_llm._native import ops
 
-    kernels = ops()
+    if args.ops:
+        torch.ops.load_library(args.ops)
+        kernels = torch.ops.rtp_llm
+    else:
+        kernels = ops()
     if args.stream:
         return _stream(kernels, args.dtype, args.stream_rows)
     if args.gated:
         return _gated(kernels, args.dtype, args.rows)
     if args.quant:
-        return _quant(kernels, args.formats, args.rows if args.rows != ap.get_default("rows") else [32])
+        return _quant(kernels, args.formats, args.rows if args.rows != ap.get_default("rows") else [32],
+                      QWEN_SHAPES if args.model_shapes == "qwen2.5-0.5b" else SHAPES)
     panel = torch.ops.rtp_llm.cpu_isa() == "avx512"
     print(f"threads {torch.get_num_threads()}")
     for rows in args.rows:
@@ -96,20 +108,34 @@ def _gated(kernels, dtypes, row_counts) -> None:
                   f"  ({best['two ops'] / best['fused']:.3f}x)", flush=True)
 
 
-def _quant(kernels, formats, row_counts, copies_bytes: float = 150e6, rounds: int = 3) -> None:
+def _random_blocks(fmt: str, n: int, k: int):
+    """[n, k] weights as `fmt` blocks: gguf's quantizer on normal weights, or (the k-quants, which it cannot
+    write) random bytes whose fp16 scales are set to realistic values."""
     import numpy as np
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
+    kind = getattr(GGMLQuantizationType, fmt)
+    per, size = GGML_QUANT_SIZES[kind]
+    rng = np.random.default_rng(0)
+    if fmt.endswith("_K"):
+        raw = rng.integers(0, 256, size=(n * k // per, size), dtype=np.uint8)
+        for at in ([208] if fmt == "Q6_K" else [0, 2]):
+            raw[:, at:at + 2] = rng.uniform(0.002, 0.02, len(raw)).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    else:
+        raw = quants.quantize(rng.standard_normal((n, k)).astype(np.float32), kind)
+    return torch.from_numpy(np.ascontiguousarray(raw)).view(n, -1, size)
+
+
+def _quant(kernels, formats, row_counts, shapes, copies_bytes: float = 150e6, rounds: int = 3) -> None:
     if not kernels.cpu_isa() == "avx512":
         print("no panels on this CPU")
         return
     for fmt in formats:
-        kind = getattr(GGMLQuantizationType, fmt)
-        for name in ("qkv", "o", "gate_up", "down"):
-            k, n = SHAPES[name]
-            w = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32)
-            raw = quants.quantize(w, kind)
-            blocks = torch.from_numpy(np.ascontiguousarray(raw)).view(n, -1, GGML_QUANT_SIZES[kind][1])
+        for name in shapes:
+            k, n = shapes[name]
+            if k % (256 if fmt.endswith("_K") else 32):
+                continue  # llama.cpp writes such a matrix in another format
+            blocks = _random_blocks(fmt, n, k)
             panels = kernels.pack_panels(kernels.quant_dequantize(blocks))
             blocks = kernels.quant_pack([blocks])  # as the CPU planner holds them
             qs = [blocks.clone() for _ in range(int(copies_bytes // blocks.numel()) + 1)]
