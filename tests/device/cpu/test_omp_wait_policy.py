@@ -4,7 +4,7 @@ first without a setting gets a warning from the CPU device. Each case runs in a 
 the policy once, when torch loads.
 
 Spinning is measured, not assumed: after a multi-threaded torch op the process sleeps 0.4 s and its CPU time over
-that sleep is read. Spinning OpenMP threads burn it; sleeping ones do not. An explicit ACTIVE policy is the control
+that sleep is read (the most of three such sleeps). Spinning OpenMP threads burn it; sleeping ones do not. An explicit ACTIVE policy is the control
 that shows the measurement sees spinning."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ for _ in range(3):
     time.sleep(0.4)
     idle.append(time.process_time() - c0)
 print(json.dumps({"policy": os.environ.get("OMP_WAIT_POLICY"), "set_by_rtp_llm": rtp_llm.OMP_PASSIVE_SET,
-                  "idle_cpu_s": min(idle)}))
+                  "idle_cpu_s": max(idle)}))
 """
 
 DEVICE = r"""
@@ -69,7 +69,9 @@ def _probe(order: str, policy: str | None) -> dict:
 def test_rtp_llm_first_makes_openmp_threads_sleep_between_ops():
     active = _probe("rtp_llm_first", "ACTIVE")  # the user's choice is kept: the control, spinning
     assert active["policy"] == "ACTIVE" and not active["set_by_rtp_llm"]
-    assert active["idle_cpu_s"] > 0.2, active  # a worker spun through most of the 0.4 s
+    # a worker spun through the 0.4 s: at least 0.12 s of CPU even when a co-tenant (another test under `bazel test`)
+    # takes half of its core (0.2 s was the edge there: 0.198 s seen once)
+    assert active["idle_cpu_s"] > 0.12, active
 
     passive = _probe("rtp_llm_first", None)
     assert passive["policy"] == "PASSIVE" and passive["set_by_rtp_llm"]
