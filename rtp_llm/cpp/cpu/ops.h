@@ -91,12 +91,13 @@ class PanelsAfter {
 void panel_linear_avx512(const float* panels, const float* x, const float* bias, float* out, int64_t m, int64_t k,
                          int64_t n);
 // Rows x[0, rows) by one fp32 panel [k, 48] into out's columns [0, cols) (row stride ldo, bias at those columns):
-// panel_linear's tiles and row blocks, the same bits; `lines` cache lines from `prefetch` requested meanwhile.
+// panel_linear's tiles and row blocks, the same bits; `lines` cache lines from `prefetch` requested meanwhile,
+// whatever the row count (the next panel's blocks, while this decoded one is in cache).
 void panel_block_fp32(const float* panel, const float* x, const float* bias, float* out, int64_t ldo, int64_t k,
                       int cols, int64_t rows, const char* prefetch, int64_t lines);
 // The same for one bf16 pair panel [pairs, 48] and x as bf16 pairs, the fp32 sums unrounded (avx512_bf16).
 void panel_block_bf16(const uint32_t* panel, const uint32_t* x_pairs, float* out, int64_t ldo, int64_t pairs,
-                      int cols, int64_t rows);
+                      int cols, int64_t rows, const char* prefetch, int64_t lines);
 void panel_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
                        int64_t m, int64_t pairs, int64_t n);
 void panel_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, float* out, int64_t m,

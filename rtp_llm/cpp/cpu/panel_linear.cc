@@ -234,14 +234,15 @@ struct NextPanel {
 // blocks of at most 8 rows as even as possible (17 rows: 6 + 6 + 5, not 8 + 8 + 1, whose one-row block would be
 // load-bound). With several blocks `lines` cache lines from `prefetch` (the next panel) are requested across
 // them. One block reads the weights once, as a single sequential stream the hardware prefetcher follows:
-// explicit prefetches there only cost (benchmarks.cpu_linear --stream, both cases). The last block requests
-// `out_last` (the next panel's first output block; null: none) for writing.
+// explicit prefetches there only cost (benchmarks.cpu_linear --stream, both cases); `always`: request them even
+// then (a decoded panel in cache: the stream is the next panel's blocks, which nothing else reads meanwhile). The
+// last block requests `out_last` (the next panel's first output block; null: none) for writing.
 template <typename E, bool Gated>
 void block_rows(const typename E::W* pan, const typename E::X* x, const float* b, typename E::Out* out, int64_t ldo,
                 int64_t k, int cols, int exact_from, int64_t rows, const char* prefetch, int64_t next_lines,
-                const typename E::Out* out_last) {
+                const typename E::Out* out_last, bool always = false) {
     const int64_t blocks = (rows + kMaxBlockRows - 1) / kMaxBlockRows;
-    const int64_t lines_per_block = prefetch && blocks > 1 ? (next_lines + blocks - 1) / blocks : 0;
+    const int64_t lines_per_block = prefetch && (blocks > 1 || always) ? (next_lines + blocks - 1) / blocks : 0;
     const int64_t per_step = (lines_per_block + k - 1) / k;
     int64_t r = 0, line = 0;
     for (int64_t blk = 0; blk < blocks; ++blk) {
@@ -307,13 +308,13 @@ void panel_linear_avx512(const float* panels, const float* x, const float* bias,
 
 void panel_block_fp32(const float* panel, const float* x, const float* bias, float* out, int64_t ldo, int64_t k,
                       int cols, int64_t rows, const char* prefetch, int64_t lines) {
-    block_rows<Fp32, false>(panel, x, bias, out, ldo, k, cols, cols, rows, prefetch, lines, nullptr);
+    block_rows<Fp32, false>(panel, x, bias, out, ldo, k, cols, cols, rows, prefetch, lines, nullptr, true);
 }
 
 void panel_block_bf16(const uint32_t* panel, const uint32_t* x_pairs, float* out, int64_t ldo, int64_t pairs,
-                      int cols, int64_t rows) {
-    block_rows<Bf16PairsFloatOut, false>(panel, x_pairs, nullptr, out, ldo, pairs, cols, cols, rows, nullptr, 0,
-                                         nullptr);
+                      int cols, int64_t rows, const char* prefetch, int64_t lines) {
+    block_rows<Bf16PairsFloatOut, false>(panel, x_pairs, nullptr, out, ldo, pairs, cols, cols, rows, prefetch, lines,
+                                         nullptr, true);
 }
 
 void panel_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
@@ -344,7 +345,7 @@ namespace rtp_llm {
 void panel_linear_avx512(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t) {}
 void panel_block_fp32(const float*, const float*, const float*, float*, int64_t, int64_t, int, int64_t, const char*,
                       int64_t) {}
-void panel_block_bf16(const uint32_t*, const uint32_t*, float*, int64_t, int64_t, int, int64_t) {}
+void panel_block_bf16(const uint32_t*, const uint32_t*, float*, int64_t, int64_t, int, int64_t, const char*, int64_t) {}
 void panel_linear_bf16(const uint32_t*, const uint32_t*, const float*, c10::BFloat16*, int64_t, int64_t, int64_t) {}
 void panel_linear_bf16(const uint32_t*, const uint32_t*, const float*, float*, int64_t, int64_t, int64_t) {}
 void panel_linear_silu_fp32(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t) {}

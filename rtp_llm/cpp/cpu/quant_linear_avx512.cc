@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "rtp_llm/cpp/cpu/ops.h"
 #include "rtp_llm/cpp/cpu/quant_packed.h"
@@ -260,6 +261,18 @@ float* thread_panel(int64_t floats) {
     return panel.p;
 }
 
+// The blocks of the panel this thread decodes after panel p (the next in its range [.., p1), else the first of
+// the range it will likely claim next), requested while the current panel's tiles run so that the decoding reads
+// them from L2: their start and cache lines (null, 0: none).
+std::pair<const char*, int64_t> next_panel_blocks(const uint8_t* w, int64_t group_bytes, int64_t groups, int64_t p,
+                                                  int64_t p1) {
+    constexpr int64_t kGroupsPerPanel = kPanelCols / kLanes;
+    const int64_t next = p + 1 < p1 ? p + 1 : parallel_for_next_begin();
+    if (next < 0) return {nullptr, 0};
+    return {reinterpret_cast<const char*>(w + next * kGroupsPerPanel * group_bytes),
+            (std::min(groups - next * kGroupsPerPanel, kGroupsPerPanel) * group_bytes + 63) / 64};
+}
+
 template <Format F>
 void run(const uint8_t* w, const float* x, const float* bias, float* out, int64_t m, int64_t k, int64_t n) {
     const int64_t group_bytes = k / quant::elements(F) * packed_layout(F).bytes;
@@ -286,12 +299,7 @@ void run(const uint8_t* w, const float* x, const float* bias, float* out, int64_
             for (int64_t p = p0; p < p1; ++p) {
                 const int64_t g0 = p * kGroupsPerPanel, g1 = std::min(groups, g0 + kGroupsPerPanel);
                 decode_panel<F>(w, group_bytes, k, g0, g1, scratch);
-                // the next panel's blocks requested while the tiles run (the decoding then reads them from L2)
-                const int64_t next = p + 1 < p1 ? p + 1 : parallel_for_next_begin();
-                const char* ahead = next >= 0 ? reinterpret_cast<const char*>(w + next * kGroupsPerPanel * group_bytes)
-                                              : nullptr;
-                const int64_t lines =
-                    ahead ? (std::min(groups - next * kGroupsPerPanel, kGroupsPerPanel) * group_bytes + 63) / 64 : 0;
+                const auto [ahead, lines] = next_panel_blocks(w, group_bytes, groups, p, p1);
                 panel_block_fp32(scratch, x + r0 * k, bias ? bias + p * kPanelCols : nullptr,
                                  out + r0 * n + p * kPanelCols, n, k,
                                  static_cast<int>(std::min<int64_t>(kPanelCols, n - p * kPanelCols)), rows, ahead,
@@ -347,8 +355,12 @@ void screen(const uint8_t* w, const uint32_t* x_pairs, float* out, int64_t m, in
             for (int64_t p = p0; p < p1; ++p) {
                 const int64_t g0 = p * kGroupsPerPanel, g1 = std::min(groups, g0 + kGroupsPerPanel);
                 decode_pair_panel<F>(w, group_bytes, k, g0, g1, scratch);
+                // as in run(): without this request the decoding waited on memory for each block (a Q8_0 head
+                // at 32 rows: the decode as long as the bf16 tiles)
+                const auto [ahead, lines] = next_panel_blocks(w, group_bytes, groups, p, p1);
                 panel_block_bf16(scratch, x_pairs + r0 * pairs, out + r0 * n + p * kPanelCols, n, pairs,
-                                 static_cast<int>(std::min<int64_t>(kPanelCols, n - p * kPanelCols)), rows);
+                                 static_cast<int>(std::min<int64_t>(kPanelCols, n - p * kPanelCols)), rows, ahead,
+                                 lines);
             }
         });
     }
