@@ -5,8 +5,9 @@ B1: llama-bench tg128 against rtp_llm's B1 (128 in, 128 out) with the file's blo
 W:  llama-batched-bench (32 sequences of 128 prompt tokens, 128 generated each: W's shape) against rtp_llm's W as
     stored and dequantized: output tok/s over the whole run (prompts included), and the generation phase alone
     (llama.cpp's S_TG; rtp_llm's 32 x 127 tokens after the first over the time after it).
+B8: the same with 8 sequences.
 
-    python -m benchmarks.gguf_decode [--workload B1|W] [--model FILE.gguf] [--rounds 5]
+    python -m benchmarks.gguf_decode [--workload B1|B8|W] [--model FILE.gguf] [--rounds 5]
 
 --model defaults to the embedded SmolLM2 Q4_1 file; bash benchmarks/peers/setup_qwen_coder.sh installs
 Qwen2.5-Coder-0.5B-Instruct Q4_K_M and prints its path.
@@ -52,7 +53,7 @@ def rtp(engine, prompts, w) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--workload", choices=["B1", "W"], default="B1")
+    ap.add_argument("--workload", choices=["B1", "B8", "W"], default="B1")
     ap.add_argument("--model", default=None, help="a GGUF file (default: the embedded SmolLM2 Q4_1)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--llama-bin", default=_BIN, help="the folder with llama-bench and llama-batched-bench")
@@ -82,7 +83,7 @@ def main() -> None:
         for m in ([key] if args.workload == "B1" else ["tok_s", "gen_tok_s"]):
             ratios = [a[m] / b[m] for a, b in zip(res[name], res[peer])]
             print(f"{name} / {peer} {m}, same round:", " / ".join(f"{x:.2f}" for x in ratios))
-    if args.workload == "W":
+    if args.workload != "B1":
         ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(res["rtp_llm"], res["rtp_llm_dequantized"])]
         print("rtp_llm as stored / dequantized tok_s, same round:", " / ".join(f"{x:.2f}" for x in ratios))
 
