@@ -139,11 +139,14 @@ struct Codec<Format::kQ6_K> {
         for (int p = 0; p < 2; ++p) {
             const __m512i bytes = bytes16(g + L.q + 8 * (e0 + 2 * p));
             for (int h = 0; h < 2; ++h) {
+                const int j = 2 * p + h;  // the element's bits 4-5: high's bits 2j, 2j + 1, moved to 4-5
                 const __m512i lo = h ? _mm512_srli_epi32(bytes, 4) : _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F));
-                const __m512i hi2 = _mm512_and_si512(_mm512_srli_epi32(high, 2 * (2 * p + h)), _mm512_set1_epi32(3));
+                const __m512i moved = j < 2 ? _mm512_slli_epi32(high, 4 - 2 * j)
+                                            : (j == 2 ? high : _mm512_srli_epi32(high, 2));
+                // lo | (moved & 0x30) in one instruction (0xF8: A | (B & C))
+                const __m512i q = _mm512_ternarylogic_epi32(lo, moved, _mm512_set1_epi32(0x30), 0xF8);
                 // d sc (q - 32) rounded once either way: d sc q - 32 d sc is the same exact value (the fused form
                 // saves the subtraction; an exact zero may come out +0 for -0, as above)
-                const __m512i q = _mm512_or_si512(lo, _mm512_slli_epi32(hi2, 4));
                 emit(e0 + 2 * p + h, _mm512_fmadd_ps(sc.a, _mm512_cvtepi32_ps(q), sc.b));
             }
         }
