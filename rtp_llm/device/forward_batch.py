@@ -22,7 +22,7 @@ class ForwardBatch:
     block_table: torch.Tensor     # [B, max_blocks] int32, padded with block 0
     q_lens: list[int]             # host: new tokens per sequence
     kv_lens: list[int]            # host: total KV length per sequence after this step
-    logits_indices: torch.Tensor  # [R] int64: rows of the flat batch whose logits are computed
+    logits_indices: torch.Tensor  # [R] int64, ascending: rows of the flat batch whose logits are computed
     block_size: int
 
     # Which rows of a sequence need logits: none, its last (to sample), or all (prompt logprobs; the last samples).
