@@ -2,13 +2,14 @@
 every call), oneDNN's packed GEMM (the kernel CpuOps used before the panel kernel, and still uses for bf16 and
 on CPUs without AVX-512), the plain-layout GEMV kernel on few rows, and the panel kernel (fp32, AVX-512).
 
-    python -m benchmarks.cpu_linear [--rows 1 4 32 4096]
+    python -m benchmarks.cpu_linear [--rows 1 4 32 4096] [--dtype float32 bfloat16]
     python -m benchmarks.cpu_linear --stream [--dtype float32 bfloat16] [--stream-rows 1 8 16 32 64]
     python -m benchmarks.cpu_linear --gated [--dtype float32 bfloat16] [--rows 1 32 512]
     python -m benchmarks.cpu_linear --quant [--formats Q4_1 Q8_0] [--rows 32] [--model-shapes qwen2.5-0.5b]
         [--ops OTHER/_ops.so]
 
-The default mode repeats one weight, which then sits in cache (GFLOP/s). --stream runs the four linear layers
+The default mode repeats one weight, which then sits in cache (GFLOP/s; with --dtype bfloat16 the same kinds in bf16:
+torch's and oneDNN's bf16 GEMMs against the bf16 pair panels, shape by shape). --stream runs the four linear layers
 of 30 layers with their own weights (425 MB in fp32), as a decode step does, so the weights stream from
 memory: ms per 30 layers and weight GB/s, each kernel in turn over 3 rounds (min-max). --gated times SmolLM2's
 gate_up + SiLU as the two ops on ordinary panels (panel_linear, then silu_and_mul) against panel_linear_silu on
@@ -23,6 +24,7 @@ quantize) as random blocks with realistic scales; --model-shapes qwen2.5-0.5b us
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import torch
@@ -46,7 +48,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 32, 4096])
     ap.add_argument("--stream", action="store_true", help="30 layers of weights streamed from memory")
     ap.add_argument("--gated", action="store_true", help="gate_up + SiLU: two ops vs the fused kernel")
-    ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], help="with --stream or --gated")
+    ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"],
+                    help="with --stream or --gated (default both); the in-cache mode: float32 unless given")
     ap.add_argument("--stream-rows", type=int, nargs="+", default=[1, 2, 4, 8, 12, 16, 24, 32, 48, 64])
     ap.add_argument("--quant", action="store_true", help="GGUF blocks (quant_linear) vs dequantized fp32 panels")
     ap.add_argument("--formats", nargs="+", default=["Q4_1", "Q8_0"], help="with --quant")
@@ -67,26 +70,38 @@ def main() -> None:
     if args.quant:
         return _quant(kernels, args.formats, args.rows if args.rows != ap.get_default("rows") else [32],
                       QWEN_SHAPES if args.model_shapes == "qwen2.5-0.5b" else SHAPES)
-    panel = torch.ops.rtp_llm.cpu_isa() == "avx512"
+    _in_cache(kernels, args.dtype if "--dtype" in sys.argv else ["float32"], args.rows)
+
+
+def _in_cache(kernels, dtypes, row_counts) -> None:
+    """GFLOP/s per shape with the weight in cache: F.linear, oneDNN's packed copy, the GEMV kernel (<= 4 rows) and
+    the panel kernel (bf16: pair panels on vdpbf16ps), same process, best of 3 alternating rounds."""
     print(f"threads {torch.get_num_threads()}")
-    for rows in args.rows:
-        for name, (k, n) in SHAPES.items():
-            if name == "lm_head" and rows > 256:
-                continue  # the LM head only sees sampled rows
-            x, w = torch.randn(rows, k), torch.randn(n, k)
-            packed = torch.ops.mkldnn._reorder_linear_weight(w, 32)
-            reps = max(3, int(2e9 / (2 * rows * k * n)))
-            flop = 2 * rows * k * n / 1e9
-            t_mkl = _time(lambda: F.linear(x, w), reps)
-            t_dnn = _time(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), reps)
-            line = f"rows {rows:5d} {name:8s} F.linear {flop / t_mkl:6.1f}  oneDNN packed {flop / t_dnn:6.1f}"
-            if rows <= 4:
-                line += f"  GEMV kernel {flop / _time(lambda: kernels.gemv(x, w), reps):6.1f}"
-            if panel:
-                panels = torch.ops.rtp_llm.pack_panels(w)
-                t_panel = _time(lambda: torch.ops.rtp_llm.panel_linear(x, panels, None, n), reps)
-                line += f"  panel kernel {flop / t_panel:6.1f}"
-            print(line + f"  GFLOP/s  (packed / F.linear {t_mkl / t_dnn:.2f}x)", flush=True)
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        panel = kernels.cpu_isa() == "avx512" and (dtype == torch.float32 or kernels.cpu_avx512_bf16())
+        for rows in row_counts:
+            for shape, (k, n) in SHAPES.items():
+                if shape == "lm_head" and rows > 256:
+                    continue  # the LM head only sees sampled rows
+                x, w = torch.randn(rows, k).to(dtype), torch.randn(n, k).to(dtype)
+                packed = torch.ops.mkldnn._reorder_linear_weight(w, 32)
+                kinds = {"F.linear": lambda: F.linear(x, w),
+                         "oneDNN packed": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")}
+                if rows <= 4:
+                    kinds["GEMV kernel"] = lambda: kernels.gemv(x, w)
+                if panel:
+                    panels = kernels.pack_panels(w)
+                    kinds["panel kernel"] = lambda: kernels.panel_linear(x, panels, None, n)
+                reps = max(3, int(2e9 / (2 * rows * k * n)))
+                best = {kind: float("inf") for kind in kinds}
+                for _ in range(3):
+                    for kind, fn in kinds.items():
+                        best[kind] = min(best[kind], _time(fn, reps))
+                flop = 2 * rows * k * n / 1e9
+                print(f"{name} rows {rows:5d} {shape:8s} " + "  ".join(f"{kind} {flop / t:6.1f}"
+                                                                       for kind, t in best.items())
+                      + f"  GFLOP/s  (fastest: {min(best, key=best.get)})", flush=True)
 
 
 def _gated(kernels, dtypes, row_counts) -> None:
