@@ -150,19 +150,34 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
     return {out, sum};
 }
 
+at::Tensor add_rms_norm_(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
+    check_rows(x, weight, "add_rms_norm_");
+    TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type() &&
+                    residual.is_contiguous(),
+                "add_rms_norm_: residual must match x");
+    auto out = at::empty_like(x);
+    // add_norm_row reads x[i] and residual[i] before it writes the sum to residual[i]: in place is safe.
+    if (x.scalar_type() == at::kFloat)
+        add_rms_norm_rows<float>(x, residual, weight, eps, out, residual);
+    else
+        add_rms_norm_rows<c10::BFloat16>(x, residual, weight, eps, out, residual);
+    return out;
+}
+
 namespace {
 
-// x [T, heads, D] in place; cos/sin [T, D] (the halves repeat, as the reference builds them).
-// Reference: x * cos + rotate_half(x) * sin, each product and the sum rounded to T.
+// x [T, heads, D] in place (heads contiguous within a row, rows x.stride(0) apart); cos/sin [T, D] (the halves
+// repeat, as the reference builds them). Reference: x * cos + rotate_half(x) * sin, each product and the sum
+// rounded to T.
 template <typename T>
 void rotate_one(at::Tensor& x, const T* cp, const T* sp) {
-    const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2), half = dim / 2;
+    const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2), half = dim / 2, row = x.stride(0);
     T* xp = x.data_ptr<T>();
     parallel_for(0, tokens, 16, [&](int64_t b, int64_t e) {
         for (int64_t t = b; t < e; ++t) {
             const T *c = cp + t * dim, *s = sp + t * dim;
             for (int64_t h = 0; h < heads; ++h) {
-                T* v = xp + (t * heads + h) * dim;
+                T* v = xp + t * row + h * dim;
                 int64_t i = 0;
 #ifdef __AVX2__
                 for (; i + 8 <= half; i += 8) {
@@ -190,28 +205,48 @@ void rotate_one(at::Tensor& x, const T* cp, const T* sp) {
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
-                                          const at::Tensor& sin) {
+namespace {
+
+void check_rotary(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                  const char* op) {
     const auto dtype = cos.scalar_type();
     TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && sin.scalar_type() == dtype &&
                     sin.sizes() == cos.sizes() && cos.dim() == 2 && cos.is_contiguous() && sin.is_contiguous(),
-                "rotary: cos/sin must be contiguous float32 or bfloat16 [T, D]");
+                op, ": cos/sin must be contiguous float32 or bfloat16 [T, D]");
     for (const auto* t : {&q, &k}) {
         TORCH_CHECK(t->scalar_type() == dtype && t->dim() == 3 && t->size(0) == cos.size(0) &&
                         t->size(2) == cos.size(1) && t->size(2) % 2 == 0,
-                    "rotary: q/k must be ", dtype, " [T, heads, D] with even D matching cos [T, D]");
+                    op, ": q/k must be ", dtype, " [T, heads, D] with even D matching cos [T, D]");
     }
-    auto qo = q.clone(at::MemoryFormat::Contiguous);  // one copy, contiguous whatever the input strides
-    auto ko = k.clone(at::MemoryFormat::Contiguous);
-    if (dtype == at::kFloat) {
-        rotate_one<float>(qo, cos.data_ptr<float>(), sin.data_ptr<float>());
-        rotate_one<float>(ko, cos.data_ptr<float>(), sin.data_ptr<float>());
+}
+
+void rotate_both(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin) {
+    if (cos.scalar_type() == at::kFloat) {
+        rotate_one<float>(q, cos.data_ptr<float>(), sin.data_ptr<float>());
+        rotate_one<float>(k, cos.data_ptr<float>(), sin.data_ptr<float>());
     } else {
         using B = c10::BFloat16;
-        rotate_one<B>(qo, cos.data_ptr<B>(), sin.data_ptr<B>());
-        rotate_one<B>(ko, cos.data_ptr<B>(), sin.data_ptr<B>());
+        rotate_one<B>(q, cos.data_ptr<B>(), sin.data_ptr<B>());
+        rotate_one<B>(k, cos.data_ptr<B>(), sin.data_ptr<B>());
     }
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                          const at::Tensor& sin) {
+    check_rotary(q, k, cos, sin, "rotary");
+    auto qo = q.clone(at::MemoryFormat::Contiguous);  // one copy, contiguous whatever the input strides
+    auto ko = k.clone(at::MemoryFormat::Contiguous);
+    rotate_both(qo, ko, cos, sin);
     return {qo, ko};
+}
+
+void rotary_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin) {
+    check_rotary(q, k, cos, sin, "rotary_");
+    for (const auto* t : {&q, &k})
+        TORCH_CHECK(t->stride(2) == 1 && t->stride(1) == t->size(2), "rotary_: q/k heads must be contiguous");
+    rotate_both(q, k, cos, sin);
 }
 
 }  // namespace rtp_llm

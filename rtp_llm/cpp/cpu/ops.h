@@ -20,6 +20,9 @@ namespace rtp_llm {
 // at::linear on `plain`.
 at::Tensor linear(const at::Tensor& x, const std::optional<at::Tensor>& plain, const std::optional<at::Tensor>& packed,
                   const std::optional<at::Tensor>& bias, int64_t n, int64_t gemv_max_rows);
+// The same into out (contiguous [M, n], x's dtype): panels write there, the other kernels are copied in.
+void linear_out(const at::Tensor& x, const std::optional<at::Tensor>& plain, const std::optional<at::Tensor>& packed,
+                const std::optional<at::Tensor>& bias, int64_t n, int64_t gemv_max_rows, at::Tensor& out);
 
 // --- GEMV (gemv.cc, gemv_avx512.cc): few rows against a plain [N, K] weight ---------------------------------
 constexpr int64_t kGemvMaxRows = 16;
@@ -65,6 +68,9 @@ at::Tensor pack_pair_panels(const at::Tensor& w);
 // x [M, K] @ w^T (+ bias) -> [M, n], w given as pack_panels(w) and its row count n.
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias,
                         int64_t n);
+// The same into out, a contiguous [M, n] tensor in x's dtype (a row range of a bigger one).
+void panel_linear_out(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias, int64_t n,
+                      at::Tensor& out);
 // The SiLU-gated MLP's first half in one pass. w [2 I, K] = [gate; up] (float32 or bfloat16) -> panels of 24
 // gate and the same 24 up rows each ([ceil(I / 24), K (bf16: pairs), 48]); panel_linear_silu(x, panels,
 // bias [2 I] or none, I) = silu(gate) * up [M, I]: bit for bit silu_and_mul(panel_linear(x, pack_panels(w)))
@@ -131,8 +137,13 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // (norm(x + residual) * weight, x + residual)
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                  const at::Tensor& weight, double eps);
+// residual += x (rounded to its dtype), in place; returns norm(residual) * weight: add_rms_norm's bits.
+at::Tensor add_rms_norm_(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
 std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                                           const at::Tensor& sin);
+// rotary's math on q and k in place: [T, heads, D] views whose heads are contiguous ([T, heads * D] rows, any row
+// stride: column ranges of a qkv matrix).
+void rotary_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
 
 // --- attention and the KV cache (paged_attention.cc, prefill_attention.cc, kv_write.cc) ---------------------
@@ -152,10 +163,13 @@ at::Tensor apply_top_k_top_p(const at::Tensor& logits, const std::optional<at::T
                              const std::optional<at::Tensor>& p);
 
 // --- every decoder layer of a step in one call (decoder_layers.cc) -----------------------------------------
-std::tuple<at::Tensor, at::Tensor> paged_decoder_layers(
+// q_starts given: the rows are prefills, attended by prefill_attention (block_table / kv_lens per sequence);
+// else one paged_attention row per token (block_table / kv_lens per row). piece_rows > 0: the rows go through
+// everything but the attention in pieces of that many (row-independent kernels only); 0: all at once.
+std::tuple<at::Tensor, at::Tensor> decoder_layers(
     const at::Tensor& x, const c10::List<std::optional<at::Tensor>>& weights, at::IntArrayRef sizes,
     const at::Tensor& kv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
-    const at::Tensor& block_table, const at::Tensor& kv_lens, int64_t num_heads, int64_t num_kv_heads, double eps,
-    double scale, bool gated_mlp);
+    const at::Tensor& block_table, const at::Tensor& kv_lens, const std::optional<at::Tensor>& q_starts,
+    int64_t num_heads, int64_t num_kv_heads, double eps, double scale, bool gated_mlp, int64_t piece_rows);
 
 }  // namespace rtp_llm

@@ -427,6 +427,13 @@ PanelsAfter::~PanelsAfter() {
 
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias,
                         int64_t n) {
+    auto out = at::empty({x.size(0), n}, x.options());
+    panel_linear_out(x, panels, bias, n, out);
+    return out;
+}
+
+void panel_linear_out(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias, int64_t n,
+                      at::Tensor& out) {
     const auto [bf16, k, steps, xc] = panel_input(x, panels, "panel_linear");
     TORCH_CHECK((panels.scalar_type() == at::kFloat || bf16) && panels.dim() == 3 && panels.size(2) == kPanelCols &&
                     panels.is_contiguous(),
@@ -441,8 +448,10 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std
         b = bias->to(at::kFloat).contiguous();
     }
     const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-    auto out = at::empty({x.size(0), n}, x.options());
-    if (x.size(0) == 0) return out;
+    TORCH_CHECK(out.is_contiguous() && out.dim() == 2 && out.size(0) == x.size(0) && out.size(1) == n &&
+                    out.scalar_type() == x.scalar_type(),
+                "panel_linear: out must be a contiguous [", x.size(0), ", ", n, "] tensor in x's dtype");
+    if (x.size(0) == 0) return;
     if (bf16) {  // x's rows as 32-bit pairs
         panel_linear_bf16(reinterpret_cast<const uint32_t*>(panels.data_ptr<int32_t>()),
                           reinterpret_cast<const uint32_t*>(xc.data_ptr<at::BFloat16>()), bp,
@@ -451,7 +460,6 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std
         panel_linear_avx512(panels.data_ptr<float>(), xc.data_ptr<float>(), bp, out.data_ptr<float>(), x.size(0), k,
                             n);
     }
-    return out;
 }
 
 at::Tensor pack_gated_panels(const at::Tensor& w) {

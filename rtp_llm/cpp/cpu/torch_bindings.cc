@@ -52,9 +52,9 @@ TORCH_LIBRARY(rtp_llm, m) {
 
     m.def("apply_top_k_top_p(Tensor logits, Tensor? k, Tensor? p) -> Tensor");
 
-    m.def("paged_decoder_layers(Tensor x, Tensor?[] weights, int[] sizes, Tensor kv, Tensor cos, Tensor sin, "
-          "Tensor slots, Tensor block_table, Tensor kv_lens, int num_heads, int num_kv_heads, float eps, float scale, "
-          "bool gated_mlp) -> (Tensor, Tensor)");
+    m.def("decoder_layers(Tensor x, Tensor?[] weights, int[] sizes, Tensor kv, Tensor cos, Tensor sin, "
+          "Tensor slots, Tensor block_table, Tensor kv_lens, Tensor? q_starts, int num_heads, int num_kv_heads, "
+          "float eps, float scale, bool gated_mlp, int piece_rows) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(rtp_llm, CPU, m) {
@@ -82,13 +82,13 @@ TORCH_LIBRARY_IMPL(rtp_llm, CPU, m) {
     m.impl("prefill_attention", &prefill_attention);
     m.impl("write_kv", &write_kv);
     m.impl("apply_top_k_top_p", &apply_top_k_top_p);
-    m.impl("paged_decoder_layers", &paged_decoder_layers);
+    m.impl("decoder_layers", &decoder_layers);
 }
 
 // oneDNN's blocked weight copies are MkldnnCPU tensors, which route a whole call that takes one to that key.
 TORCH_LIBRARY_IMPL(rtp_llm, MkldnnCPU, m) {
     m.impl("linear", &linear);
-    m.impl("paged_decoder_layers", &paged_decoder_layers);
+    m.impl("decoder_layers", &decoder_layers);
 }
 
 }  // namespace rtp_llm

@@ -41,6 +41,8 @@ class CpuMeta:
     prefill: Optional[PrefillSeqs]
     all_paged: bool                            # every row goes through the paged kernel
     uniform_fresh: int = 0  # > 0: that many fresh prompts of equal length, nothing cached (causal SDPA as is)
+    # the C++ prefill kernel serves this CPU and head_dim (for a cache in q's dtype, float32 or bfloat16)
+    prefill_kernel: bool = False
 
 
 class CpuAttention(TorchRefAttention):
@@ -75,7 +77,8 @@ class CpuAttention(TorchRefAttention):
             # Fresh prompts of one length (offline batches, benchmarks): where the prefill kernel does not
             # apply, SDPA runs causal on the step's own k and v, without the general path's gather and mask.
             fresh = len(set(q_lens)) == 1 and list(batch.kv_lens) == list(q_lens)
-            return CpuMeta(slots, None, None, None, None, prefill, False, uniform_fresh=len(q_lens) if fresh else 0)
+            return CpuMeta(slots, None, None, None, None, prefill, False, uniform_fresh=len(q_lens) if fresh else 0,
+                           prefill_kernel=self._prefill_kernel_fits())
         starts = np.cumsum(q) - q
         short, long_ = np.flatnonzero(paged), np.flatnonzero(~paged)
         seq, lens = self._paged_rows(q, batch.kv_lens, short)
@@ -136,8 +139,10 @@ class CpuAttention(TorchRefAttention):
         return out
 
     def _prefill_kernel(self, q, layer_kv) -> bool:
-        return (self.prefill_kernel and q.dtype == layer_kv.dtype and q.dtype in (torch.float32, torch.bfloat16)
-                and self.head_dim % 16 == 0)
+        return q.dtype == layer_kv.dtype and q.dtype in (torch.float32, torch.bfloat16) and self._prefill_kernel_fits()
+
+    def _prefill_kernel_fits(self) -> bool:
+        return self.prefill_kernel and self.head_dim % 16 == 0
 
     def _prefill(self, q, layer_kv, p: PrefillSeqs):
         """Causal attention of the longer prefills' rows (q in their flat order) over their cached keys."""

@@ -1,12 +1,14 @@
-"""Every decoder layer of a step in one C++ call (torch.ops.rtp_llm.paged_decoder_layers), for steps whose rows
-all go through the paged attention kernel (decodes, and short chunks after a cached prefix: see
-device/cpu/attention.py).
+"""Every decoder layer of a step in one C++ call (torch.ops.rtp_llm.decoder_layers), for steps whose rows all go
+through one attention kernel (device/cpu/attention.py): the paged kernel (decodes, short chunks after a cached
+prefix) or the prefill kernel (fresh prompts, longer chunks, when nothing in the step is paged).
 
-It runs the kernels the layers (rtp_llm/models/decoder.py on CpuOps) would call one by one, in the same order on
-the same tensors, each linear layer through its own kernel (device/cpu/linear.py), so logits and KV cache are
-bit-for-bit the same; what it saves is the ~18 Python-level torch calls per layer, during which the memory bus
-idles at the batch sizes where a step is weight streaming. Not under tensor parallelism (no collectives in C++);
-the KV cache in the model's dtype.
+It runs the kernels the layers (rtp_llm/models/decoder.py on CpuOps) would call one by one, each linear layer
+through its own kernel (device/cpu/linear.py), so logits and KV cache are bit-for-bit the same; what it saves is
+the ~18 Python-level torch calls per layer, during which the memory bus idles at the batch sizes where a step is
+weight streaming, and, for a prefill, the memory traffic of its intermediates: rows go through the norms, GEMMs,
+RoPE and KV write in pieces of `piece_rows` that stay in cache. Pieces need kernels whose rows are independent
+(panels, GGUF blocks: every kernel but oneDNN's and torch's); with others, prefills take the Python layers. Not
+under tensor parallelism (no collectives in C++); the KV cache in the model's dtype.
 """
 
 from __future__ import annotations
@@ -21,10 +23,17 @@ def _linear_args(lin) -> tuple[list, list[int]]:
     return [k.plain, k.packed, lin.bias], [k.out_features, k.gemv_rows]
 
 
-class PagedDecoderLayers:
-    def __init__(self, kernels, layers, cfg):
+def _rows_independent(kernel) -> bool:
+    """Panels and GGUF blocks give a row the same bits whatever the rows beside it (and keep no plain weight for
+    the GEMV kernel); oneDNN's and torch's GEMMs choose their blocking by row count."""
+    return kernel.plain is None and kernel.packed is not None and not kernel.packed.is_mkldnn
+
+
+class FusedDecoderLayers:
+    def __init__(self, kernels, layers, cfg, piece_rows: int):
         self.kernels = kernels
         self.enabled = True  # tests and benchmarks switch it off to compare with the layer-by-layer path
+        self.piece_rows = piece_rows
         first = layers[0]
         self.num_heads, self.num_kv_heads, self.eps = first.num_heads, first.num_kv_heads, cfg.rms_norm_eps
         self.dtype = first.qkv.weight.dtype
@@ -35,6 +44,7 @@ class PagedDecoderLayers:
                        and len(gated) == 1)
         if not self.usable:
             return
+        self.rows_independent = all(_rows_independent(lin.kernel) for lin in linears)
         self.gated = gated.pop()
         self.weights: list = []
         self.sizes: list[int] = []
@@ -49,9 +59,16 @@ class PagedDecoderLayers:
 
     def __call__(self, x, cos, sin, kv, meta, scale: float):
         """(x, residual) after the last layer, or None where the step does not qualify."""
-        if not (self.enabled and self.usable and getattr(meta, "all_paged", False) and x.dtype in FUSED_DTYPES
+        if not (self.enabled and self.usable and x.dtype in FUSED_DTYPES
                 and kv.dtype == x.dtype == cos.dtype == self.dtype):
             return None
-        return self.kernels.paged_decoder_layers(
+        pieces = self.piece_rows if self.rows_independent else 0
+        if getattr(meta, "all_paged", False):
+            table, lens, starts = meta.paged_table, meta.paged_lens, None
+        elif getattr(meta, "prefill_kernel", False) and meta.prefill_rows is None and self.rows_independent:
+            table, lens, starts = meta.prefill.table, meta.prefill.kv_lens, meta.prefill.starts
+        else:
+            return None
+        return self.kernels.decoder_layers(
             x.contiguous(), self.weights, self.sizes, kv.buffer, cos.contiguous(), sin.contiguous(), meta.slots,
-            meta.paged_table, meta.paged_lens, self.num_heads, self.num_kv_heads, self.eps, scale, self.gated)
+            table, lens, starts, self.num_heads, self.num_kv_heads, self.eps, scale, self.gated, pieces)

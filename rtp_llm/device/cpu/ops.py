@@ -5,7 +5,8 @@
 - RMSNorm, residual add + RMSNorm and RoPE as one op each instead of 6-12 aten ops, whose dispatch dominates them
   at decode batch sizes; the SiLU-gated activation in one pass (or inside gate_up's kernel: gated panels);
 - a prefill's MLP in row pieces, so that each piece's gate_up output stays in cache;
-- every decoder layer of a step whose rows are all paged in one C++ call (device/cpu/fused_layers.py);
+- every decoder layer of a step whose rows all take one attention kernel in one C++ call, a prefill's rows in
+  pieces that stay in cache (device/cpu/fused_layers.py);
 - top-k/top-p: the C++ twin of the NPU operator, bit-identical masks without sorting the vocabulary.
 Each kernel rounds where the reference does (float32 and bfloat16); tests/device/cpu holds them to TorchOps.
 """
@@ -16,7 +17,7 @@ import os
 
 import torch
 
-from rtp_llm.device.cpu.fused_layers import PagedDecoderLayers
+from rtp_llm.device.cpu.fused_layers import FusedDecoderLayers
 from rtp_llm.device.cpu.linear import LinearPlanner
 from rtp_llm.device.torch_ops import TorchOps
 
@@ -56,7 +57,7 @@ class CpuOps(TorchOps):
         self.planner.assign(linears, head, self.greedy_screen)
 
     def fused_layers(self, layers, cfg):
-        return PagedDecoderLayers(self.kernels, layers, cfg)
+        return FusedDecoderLayers(self.kernels, layers, cfg, self.MLP_ROWS)
 
     def greedy_tokens(self, h, head):
         screen = getattr(head.kernel, "screen", None)

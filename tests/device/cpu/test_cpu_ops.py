@@ -390,13 +390,16 @@ def test_packed_bf16_linear_accumulates_in_fp32(rows):
                                                   ("qwen3_gqa2_headdim32_untied", "float32", "gemv"),
                                                   ("qwen2_gqa4_bias_untied", "bfloat16", "gemv"),
                                                   ("llama_gqa4_tied_attnbias", "float32", "packed"),
-                                                  ("qwen2_gqa4_bias_untied", "bfloat16", "packed")])
+                                                  ("qwen2_gqa4_bias_untied", "bfloat16", "packed"),
+                                                  ("qwen3_gqa2_headdim32_untied", "bfloat16", "packed")])
 def test_fused_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, variant, dtype, linear):
-    """The C++ paged_decoder_layers op runs the same kernels in the same order as the Python layers: bit-identical
-    logits and KV cache over a prefill, several decode steps of 1-2 sequences and a step with a short chunk
-    (biases, Qwen3's q/k norms, bf16), with the GEMV kernel or (as for decode batches past its row count)
-    oneDNN's packed GEMM in the linear layers; float32 on AVX-512: the panel kernel either way (the GEMV and
-    oneDNN variants run in test_oneDNN_and_gemv_paths_on_an_avx512_cpu's process)."""
+    """The C++ decoder_layers op runs the same kernels on the same rows as the Python layers: bit-identical logits
+    and KV cache over a prefill of two prompts, several decode steps of 1-2 sequences, a step with a short chunk
+    beside a decode (paged rows) and a longer chunk after a cached prefix (the prefill kernel), with biases,
+    Qwen3's q/k norms, bf16, and the GEMV kernel or (as for decode batches past its row count) oneDNN's packed
+    GEMM in the linear layers; float32 and bf16 on AVX-512: the panel kernel either way (the GEMV and oneDNN
+    variants run in test_oneDNN_and_gemv_paths_on_an_avx512_cpu's process). Prefill steps are fused where every
+    kernel treats rows independently (panels), also with pieces of 5 rows that cut across sequences."""
     from rtp_llm.cache import KVBuffer
     from rtp_llm.device.forward_batch import ForwardBatch
 
@@ -410,6 +413,7 @@ def test_fused_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, varian
     assert model.layers[0].qkv.kernel.packed.dim() == (3 if panels else 2)
     fused_calls = []
     original = model.fused_layers
+    assert original.rows_independent == panels
 
     def watched(*args):
         out = original(*args)
@@ -418,9 +422,11 @@ def test_fused_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, varian
 
     model.fused_layers = watched
     table = torch.tensor([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 0]], dtype=torch.int32).numpy()
+    # the prefill kernel (AVX-512, head_dim a multiple of 16) and row-independent kernels
+    prefill_fused = panels and _has_avx512() and cfg.head_dim % 16 == 0
     results = []
-    for fuse in (False, True):
-        original.enabled = fuse
+    for fuse, pieces in ((False, 512), (True, 512), (True, 5)):
+        original.enabled, original.piece_rows = fuse, pieces
         kv = KVBuffer(cfg.num_layers, 12, 8, cfg.num_kv_heads, cfg.head_dim, dtype=getattr(torch, dtype))
         attn = CpuAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5, 8)
         logits = [model(ForwardBatch.build([list(range(3, 20)), list(range(30, 41))], [0, 0],
@@ -439,13 +445,21 @@ def test_fused_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, varian
         batch = ForwardBatch.build([[5, 6, 7], [9]], lens, [[8 + lens[0] + j for j in range(3)], [56 + lens[1]]],
                                    table, 8)
         logits.append(model(batch, kv, attn))
+        lens = [lens[0] + 3, lens[1] + 1]
+        # a 12-token chunk after sequence 0's 23: the prefill kernel over a cached prefix
+        batch = ForwardBatch.build([list(range(60, 72))], [lens[0]], [[8 + lens[0] + j for j in range(12)]],
+                                   table[:1], 8)
+        logits.append(model(batch, kv, attn))
         results.append((logits, kv.buffer.clone()))
-        assert fused_calls and all(c == fuse for c in fused_calls[1:]), fused_calls  # [0]: the prefill
+        prefills = [0, len(fused_calls) - 1]
+        assert all(c == fuse for i, c in enumerate(fused_calls) if i not in prefills), fused_calls
+        assert all(fused_calls[i] == (fuse and prefill_fused) for i in prefills), fused_calls
         fused_calls.clear()
-    (plain_logits, plain_kv), (fused_logits, fused_kv) = results
-    for a, b in zip(plain_logits, fused_logits):
-        assert torch.equal(a, b)
-    assert torch.equal(plain_kv, fused_kv)
+    plain_logits, plain_kv = results[0]
+    for fused_logits, fused_kv in results[1:]:
+        for a, b in zip(plain_logits, fused_logits):
+            assert torch.equal(a, b)
+        assert torch.equal(plain_kv, fused_kv)
 
 
 @pytest.mark.skipif(not _has_avx512(), reason="without AVX-512 the tests above already run these paths")
