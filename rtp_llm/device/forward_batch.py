@@ -53,10 +53,17 @@ class ForwardBatch:
         if any(q == 0 for q in q_lens):
             raise ValueError("every sequence in a forward batch needs at least one new token")
         kv_lens = [s + q for s, q in zip(start_positions, q_lens)]
-        flat = np.concatenate([np.asarray(t, dtype=np.int64) for t in tokens])
-        pos = np.concatenate([np.arange(s, s + q, dtype=np.int64) for s, q in zip(start_positions, q_lens)])
-        slot = np.concatenate([np.asarray(s, dtype=np.int64) for s in slots])
-        ends = np.cumsum(q_lens) - 1
+        if len(q_lens) == sum(q_lens):  # decodes: one token per sequence, no per-sequence arrays to join
+            n = len(q_lens)
+            flat = np.fromiter((t[0] for t in tokens), np.int64, n)
+            pos = np.asarray(start_positions, dtype=np.int64)
+            slot = np.fromiter((s[0] for s in slots), np.int64, n)
+            ends = np.arange(n, dtype=np.int64)
+        else:
+            flat = np.concatenate([np.asarray(t, dtype=np.int64) for t in tokens])
+            pos = np.concatenate([np.arange(s, s + q, dtype=np.int64) for s, q in zip(start_positions, q_lens)])
+            slot = np.concatenate([np.asarray(s, dtype=np.int64) for s in slots])
+            ends = np.cumsum(q_lens) - 1
         if need_logits is not None:
             need = [int(x) for x in need_logits]
             if cls.LOGITS_ALL in need:

@@ -260,9 +260,12 @@ class DecoderLM(nn.Module):
             for i, layer in enumerate(self.layers):
                 x, residual = layer(x, residual, cos, sin, kv.layer(i), attn, meta)
         # The rows that need logits: every row in a decode step (no gather then), else an index_select (torch's
-        # advanced indexing wakes its OpenMP team: ~0.1 ms at a decode step's size).
-        rows, idx = x + residual, batch.logits_indices
-        h = self.norm(rows if idx.numel() == rows.shape[0] else rows.index_select(0, idx))
+        # advanced indexing wakes its OpenMP team: ~0.1 ms at a decode step's size). The sum and the norm in one
+        # op (add_rms_norm rounds the sum as x + residual does).
+        idx = batch.logits_indices
+        if idx.numel() != x.shape[0]:
+            x, residual = x.index_select(0, idx), residual.index_select(0, idx)
+        h = self.norm.add(x, residual)[0]
         if self.tp is None:
             return GreedyTokens(self.ops.greedy_tokens(h, self.head)) if greedy else self.head(h).float()
         if h.shape[0] == 0:  # every rank knows: the sampled rows are part of the step message

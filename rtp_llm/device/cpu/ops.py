@@ -69,8 +69,8 @@ class CpuOps(TorchOps):
                 ids = self.kernels.quant_greedy_head(h, head.kernel.packed, screen[1], head.kernel.out_features)
             else:
                 ids = self.kernels.greedy_head(h, screen[0], screen[1], head.weight)
-            rest = ids < 0  # rows with non-finite values: their full logits decide
-            if bool(rest.any()):
+            if ids.numpy().min(initial=0) < 0:  # rows with non-finite values (-1): their full logits decide
+                rest = ids < 0
                 ids[rest] = super().greedy_tokens(h[rest], head)
             return ids
         logits = head(h)
@@ -78,8 +78,8 @@ class CpuOps(TorchOps):
             return logits.float().argmax(dim=-1)
         # Every logit computed (bf16 heads, heads without a screen): the argmax in one vectorised pass.
         ids = self.kernels.argmax_rows(logits)
-        rest = ids < 0  # rows holding a NaN: torch.argmax says which one wins
-        if bool(rest.any()):
+        if ids.numpy().min(initial=0) < 0:  # rows holding a NaN (-1): torch.argmax says which one wins
+            rest = ids < 0
             ids[rest] = logits[rest].float().argmax(dim=-1)
         return ids
 
