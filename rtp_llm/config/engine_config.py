@@ -18,7 +18,7 @@ class EngineConfig:
     max_num_seqs: int = 128  # vLLM's CPU server default: concurrency under load, not a queue
     max_num_batched_tokens: int = 2048
     max_prefill_chunk: Optional[int] = None  # longest prefill chunk per sequence per step; None = the token budget
-    block_size: Optional[int] = None       # None = the device's default (16; 128 on NPU)
+    block_size: Optional[int] = None       # None = the device's default (128 on CPU and NPU; 16 on CUDA)
     num_blocks: Optional[int] = None        # explicit KV block count (overrides the memory settings)
     kv_cache_memory_gb: Optional[float] = None  # KV bytes; None: 1 GiB on CPU, kv_cache_memory_fraction elsewhere
     kv_cache_memory_fraction: float = 0.9   # of free accelerator memory after weights
