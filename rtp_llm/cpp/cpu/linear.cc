@@ -42,11 +42,10 @@ at::Tensor linear(const at::Tensor& x, const std::optional<at::Tensor>& plain, c
 void linear_out(const at::Tensor& x, const std::optional<at::Tensor>& plain, const std::optional<at::Tensor>& packed,
                 const std::optional<at::Tensor>& bias, int64_t n, int64_t gemv_max_rows, at::Tensor& out) {
     const bool gemv_rows = present(plain) && x.size(0) <= gemv_max_rows;
-    if (!gemv_rows && packed.has_value() && packed->defined() && !packed->is_mkldnn() && packed->dim() == 3 &&
-        packed->scalar_type() != at::kByte) {
+    if (!gemv_rows && packed.has_value() && packed->defined() && !packed->is_mkldnn()) {
         const auto b = bias.has_value() && bias->defined() ? bias : std::nullopt;
-        panel_linear_out(x, *packed, b, n, out);
-        return;
+        if (packed->scalar_type() == at::kByte) return quant_linear_out(x, *packed, b, n, out);
+        if (packed->dim() == 3) return panel_linear_out(x, *packed, b, n, out);
     }
     out.copy_(linear(x, plain, packed, bias, n, gemv_max_rows));
 }

@@ -20,7 +20,8 @@ namespace rtp_llm {
 // at::linear on `plain`.
 at::Tensor linear(const at::Tensor& x, const std::optional<at::Tensor>& plain, const std::optional<at::Tensor>& packed,
                   const std::optional<at::Tensor>& bias, int64_t n, int64_t gemv_max_rows);
-// The same into out (contiguous [M, n], x's dtype): panels write there, the other kernels are copied in.
+// The same into out (contiguous [M, n], x's dtype): panels and GGUF blocks write there, the other kernels are copied
+// in.
 void linear_out(const at::Tensor& x, const std::optional<at::Tensor>& plain, const std::optional<at::Tensor>& packed,
                 const std::optional<at::Tensor>& bias, int64_t n, int64_t gemv_max_rows, at::Tensor& out);
 
@@ -41,6 +42,9 @@ at::Tensor quant_pack(const std::vector<at::Tensor>& parts);
 // exactly gguf's dequantized float32 value, the fp32 panels' sums (bit for bit panel_linear on the dequantized
 // matrix), at every M and on every CPU.
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias, int64_t n);
+// The same into out, a contiguous [M, n] tensor in x's dtype (a row range of a bigger one).
+void quant_linear_out(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias, int64_t n,
+                      at::Tensor& out);
 // The blocks as float32 [N, K] (gguf.quants.dequantize's values): references, tensor-parallel fallbacks.
 at::Tensor quant_dequantize(const at::Tensor& w);
 // Rows `rows` (int64, any shape) of a packed weight with n rows, dequantized: [*rows.shape, K] (embedding lookups).

@@ -125,14 +125,26 @@ at::Tensor quant_pack(const std::vector<at::Tensor>& parts) {
 }
 
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias, int64_t n) {
+    TORCH_CHECK(x.dim() == 2, "quant_linear: x must be a float32 or bfloat16 CPU matrix [M, K]");
+    auto out = at::empty({x.size(0), n}, x.options());
+    quant_linear_out(x, w, bias, n, out);
+    return out;
+}
+
+void quant_linear_out(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias, int64_t n,
+                      at::Tensor& out) {
     const Format f = checked_packed(w, n, "quant_linear");
     TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
                     x.dim() == 2,
                 "quant_linear: x must be a float32 or bfloat16 CPU matrix [M, K]");
+    TORCH_CHECK(out.is_contiguous() && out.dim() == 2 && out.size(0) == x.size(0) && out.size(1) == n &&
+                    out.scalar_type() == x.scalar_type(),
+                "quant_linear: out must be a contiguous [", x.size(0), ", ", n, "] tensor in x's dtype");
     if (x.scalar_type() == at::kBFloat16) {
         // bf16 activations widen exactly, meet the same float32 weights and sums, and the result (bias included)
         // rounds to bf16 once, as the bf16 panels round theirs. The widening is O(M K) beside the O(M N K) product.
-        return quant_linear(x.to(at::kFloat), w, bias, n).to(at::kBFloat16);
+        out.copy_(quant_linear(x.to(at::kFloat), w, bias, n));
+        return;
     }
     const int64_t k = w.size(1) * quant::elements(f);
     TORCH_CHECK(x.size(1) == k, "quant_linear: x has ", x.size(1), " columns, the weight ", k);
@@ -142,9 +154,8 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
         b = bias->to(at::kFloat).contiguous();
     }
     const auto xc = x.contiguous();
-    auto out = at::empty({xc.size(0), n}, x.options());
     const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-    if (xc.size(0) == 0 || n == 0) return out;
+    if (xc.size(0) == 0 || n == 0) return;
     if (cpu_avx512()) {
         quant_linear_avx512(static_cast<int>(f), w.data_ptr<uint8_t>(), xc.data_ptr<float>(), bp,
                             out.data_ptr<float>(), xc.size(0), k, n);
@@ -152,7 +163,6 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
         quant_linear_avx2(f, w.data_ptr<uint8_t>(), xc.data_ptr<float>(), bp, out.data_ptr<float>(), xc.size(0), k,
                           n);
     }
-    return out;
 }
 
 at::Tensor quant_dequantize(const at::Tensor& w) {

@@ -391,7 +391,9 @@ def test_packed_bf16_linear_accumulates_in_fp32(rows):
                                                   ("qwen2_gqa4_bias_untied", "bfloat16", "gemv"),
                                                   ("llama_gqa4_tied_attnbias", "float32", "packed"),
                                                   ("qwen2_gqa4_bias_untied", "bfloat16", "packed"),
-                                                  ("qwen3_gqa2_headdim32_untied", "bfloat16", "packed")])
+                                                  ("qwen3_gqa2_headdim32_untied", "bfloat16", "packed"),
+                                                  ("qwen3_gqa2_headdim32_untied", "float32", "int8"),
+                                                  ("qwen3_gqa2_headdim32_untied", "bfloat16", "int8")])
 def test_fused_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, variant, dtype, linear):
     """The C++ decoder_layers op runs the same kernels on the same rows as the Python layers: bit-identical logits
     and KV cache over a prefill of two prompts, several decode steps of 1-2 sequences, a step with a short chunk
@@ -405,15 +407,17 @@ def test_fused_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, varian
 
     make_checkpoint(tmp_path, variant)
     model, cfg = load_model(str(tmp_path), ops=CpuOps(gemv_weights="on" if linear == "gemv" else "off"),
-                            dtype=dtype)
+                            dtype=dtype, quantization="int8" if linear == "int8" else "auto")
     ops = model.ops
-    panels = getattr(torch, dtype) in ops.panel_dtypes
-    assert model.layers[0].qkv.weight.numel() == (0 if linear == "packed" or panels else cfg.hidden_size * (
+    blocks = linear == "int8"  # per-channel int8 blocks: quant_linear, rows independent on every CPU
+    panels = getattr(torch, dtype) in ops.panel_dtypes and not blocks
+    assert model.layers[0].qkv.weight.numel() == (0 if linear in ("packed", "int8") or panels else cfg.hidden_size * (
         cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim)  # off: only the packed copies remain
-    assert model.layers[0].qkv.kernel.packed.dim() == (3 if panels else 2)
+    assert model.layers[0].qkv.kernel.packed.dim() == (3 if panels or blocks else 2)
+    assert (model.layers[0].qkv.kernel.packed.dtype == torch.uint8) == blocks
     fused_calls = []
     original = model.fused_layers
-    assert original.rows_independent == panels
+    assert original.rows_independent == (panels or blocks)
 
     def watched(*args):
         out = original(*args)
@@ -423,7 +427,7 @@ def test_fused_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, varian
     model.fused_layers = watched
     table = torch.tensor([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 0]], dtype=torch.int32).numpy()
     # the prefill kernel (AVX-512, head_dim a multiple of 16) and row-independent kernels
-    prefill_fused = panels and _has_avx512() and cfg.head_dim % 16 == 0
+    prefill_fused = (panels or blocks) and ops.kernels.cpu_isa() == "avx512" and cfg.head_dim % 16 == 0
     results = []
     for fuse, pieces in ((False, 512), (True, 512), (True, 5)):
         original.enabled, original.piece_rows = fuse, pieces
