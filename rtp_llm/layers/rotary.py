@@ -36,6 +36,7 @@ class RotaryEmbedding:
         self.head_dim = head_dim
         self.inv_freq = inv_frequencies(rope, head_dim).to(device)
         self._cos = self._sin = None
+        self._tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}  # the tables cast to a step's dtype
         self._build(max_positions)
 
     def _build(self, n: int) -> None:
@@ -43,6 +44,7 @@ class RotaryEmbedding:
         freqs = pos[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         self._cos, self._sin = emb.cos(), emb.sin()
+        self._tables = {}
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
         """[T, head_dim] cos and sin for these positions (built once per step, shared by all layers).
@@ -50,4 +52,8 @@ class RotaryEmbedding:
         need = max_position + 1
         if need > self._cos.shape[0]:
             self._build(max(need, 2 * self._cos.shape[0]))
-        return self._cos[positions].to(dtype), self._sin[positions].to(dtype)
+        tables = self._tables.get(dtype)
+        if tables is None:  # cast once (the same values as casting the rows each step)
+            tables = self._tables[dtype] = (self._cos.to(dtype), self._sin.to(dtype))
+        # index_select: advanced indexing wakes torch's OpenMP team on a prefill's rows
+        return tables[0].index_select(0, positions), tables[1].index_select(0, positions)
