@@ -33,15 +33,21 @@ class QuantizedWeight:
         self._shape = (sum(p.shape[0] for p in parts), parts[0].shape[1] * BLOCK_ELEMENTS[fmt])
         self._nbytes = sum(int(np.prod(p.shape)) for p in parts)
         self._packed: torch.Tensor | None = None
+        self._row_order: torch.Tensor | None = None
 
-    def repacked(self, packed: torch.Tensor) -> None:
+    def repacked(self, packed: torch.Tensor, row_order: torch.Tensor | None = None) -> None:
         """From now on the blocks live only in `packed`, the CPU kernels' interleaved layout of them
-        (torch.ops.rtp_llm.quant_pack): rows() and dequantize() read it, the stored blocks are released."""
-        self._packed, self._parts = packed, None
+        (torch.ops.rtp_llm.quant_pack): rows() and dequantize() read it, the stored blocks are released.
+        row_order: where each row went when the rows were packed in another order (a gated gate_up's), else None."""
+        self._packed, self._parts, self._row_order = packed, None, row_order
 
     @property
     def packed(self) -> torch.Tensor | None:
         return self._packed
+
+    @property
+    def row_order(self) -> torch.Tensor | None:
+        return self._row_order
 
     def file_blocks(self) -> list[torch.Tensor]:
         """The parts to read once (quant_pack): the file's mapping itself where they are still views of it, so no
@@ -119,7 +125,9 @@ class QuantizedWeight:
         from rtp_llm._native import ops
 
         if self._packed is not None:
-            return ops().quant_packed_rows(self._packed, ids.long(), self._shape[0])
+            if self._row_order is None:
+                return ops().quant_packed_rows(self._packed, ids.long(), self._shape[0])
+            return ops().quant_packed_rows(self._packed, self._row_order[ids.long()], self._packed.shape[0] * 16)
         return ops().quant_dequantize(self.blocks.index_select(0, ids.reshape(-1))).reshape(*ids.shape, -1)
 
     def narrow(self, dim: int, start: int, stop: int) -> "QuantizedWeight | None":

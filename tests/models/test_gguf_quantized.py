@@ -51,6 +51,8 @@ def assert_runs_as_stored(model, fmt_linears, fmt_embedding):
             assert lin.quantized is not None and lin.quantized.format == fmt_linears
             assert lin.weight.numel() == 0  # no float copy beside the blocks
             assert lin.kernel.packed.dtype == torch.uint8
+        # float32 runs: gate_up's blocks in gated panels' order, the SiLU in the kernel (quant_linear_silu)
+        assert layer.mlp.gate_up.kernel.gated == (layer.mlp.gate_up.weight.dtype == torch.float32)
     assert model.embed_quantized is not None and model.embed_quantized.format == fmt_embedding
     assert model.embed.numel() == 0
 

@@ -11,8 +11,8 @@
 // MLP), so that each piece's intermediates stay in cache, and the residual, qkv and RoPE are updated in place:
 // only the row-independent kernels (panels, GGUF blocks) are given pieces, so the bits do not change.
 //
-// With gated_mlp, gate_up's copy is pack_gated_panels' and the SiLU runs in its epilogue (panel_linear_silu, as
-// CpuOps.mlp). No tensor parallelism; the KV cache in the model's dtype.
+// With gated_mlp, gate_up's copy is in pack_gated_panels' row order (panels or GGUF blocks) and the SiLU runs in
+// its epilogue (linear_silu, as CpuOps.mlp). No tensor parallelism; the KV cache in the model's dtype.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -147,7 +147,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
             at::Tensor act;
             {
                 PanelsAfter then(lw.opt(kDownP));
-                act = gated_mlp ? panel_linear_silu(h, lw.req(kGateUpP), lw.opt(kGateUpB), lw.out_features(kGateUp) / 2)
+                act = gated_mlp ? linear_silu(h, lw.req(kGateUpP), lw.opt(kGateUpB), lw.out_features(kGateUp) / 2)
                                 : silu_and_mul(lw.linear(h, kGateUp, kGateUpW));
             }
             auto out = x.narrow(0, r0, n);

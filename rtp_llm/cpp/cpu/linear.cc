@@ -50,4 +50,11 @@ void linear_out(const at::Tensor& x, const std::optional<at::Tensor>& plain, con
     out.copy_(linear(x, plain, packed, bias, n, gemv_max_rows));
 }
 
+at::Tensor linear_silu(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                       int64_t inter) {
+    const auto b = bias.has_value() && bias->defined() ? bias : std::nullopt;
+    if (!packed.is_mkldnn() && packed.scalar_type() == at::kByte) return quant_linear_silu(x, packed, b, inter);
+    return panel_linear_silu(x, packed, b, inter);
+}
+
 }  // namespace rtp_llm

@@ -24,6 +24,10 @@ at::Tensor linear(const at::Tensor& x, const std::optional<at::Tensor>& plain, c
 // in.
 void linear_out(const at::Tensor& x, const std::optional<at::Tensor>& plain, const std::optional<at::Tensor>& packed,
                 const std::optional<at::Tensor>& bias, int64_t n, int64_t gemv_max_rows, at::Tensor& out);
+// silu(gate) * up [M, inter] from a gate_up copy packed in pack_gated_panels' row order: gated panels
+// (panel_linear_silu) or GGUF blocks in that order (quant_linear_silu).
+at::Tensor linear_silu(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                       int64_t inter);
 
 // --- GEMV (gemv.cc, gemv_avx512.cc): few rows against a plain [N, K] weight ---------------------------------
 constexpr int64_t kGemvMaxRows = 16;
@@ -45,6 +49,14 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
 // The same into out, a contiguous [M, n] tensor in x's dtype (a row range of a bigger one).
 void quant_linear_out(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias, int64_t n,
                       at::Tensor& out);
+// The SiLU-gated MLP's first half on blocks packed in pack_gated_panels' row order (quant_pack of the parts
+// [gate 0-23, up 0-23, gate 24-47, ...], zero blocks past I; ceil(I / 24) x 48 rows): silu(gate) * up [M, I], bit
+// for bit silu_and_mul(quant_linear) of [gate | up]. float32 x beyond kQuantDirectRows rows runs the SiLU in the
+// panel path's epilogue; other calls compute [gate | up] and silu_and_mul. bias [2 I] ([gate; up]) or none.
+at::Tensor quant_linear_silu(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
+                             int64_t inter);
+// Rows up to which quant_linear's AVX-512 kernel decodes the blocks in registers instead of into a panel.
+constexpr int64_t kQuantDirectRows = 4;
 // The blocks as float32 [N, K] (gguf.quants.dequantize's values): references, tensor-parallel fallbacks.
 at::Tensor quant_dequantize(const at::Tensor& w);
 // Rows `rows` (int64, any shape) of a packed weight with n rows, dequantized: [*rows.shape, K] (embedding lookups).
@@ -55,6 +67,9 @@ int64_t quant_packed_elements(int format);
 // format: quant::Format; the AVX-512 kernel of quant_linear on packed blocks.
 void quant_linear_avx512(int format, const uint8_t* w, const float* x, const float* bias, float* out, int64_t m,
                          int64_t k, int64_t n);
+// quant_linear_silu's panel path (m > kQuantDirectRows): bias in the panels' order, out [m, inter].
+void quant_linear_silu_avx512(int format, const uint8_t* w, const float* x, const float* bias, float* out, int64_t m,
+                              int64_t k, int64_t inter);
 // greedy_head's screen on packed blocks (avx512_bf16): out [m, n] = x (bf16 pairs [m, k / 2]) . bf16(w_j), each
 // weight's exact value rounded to nearest even; and row j of a packed weight, dequantized (k floats).
 void quant_screen_avx512(int format, const uint8_t* w, const uint32_t* x_pairs, float* out, int64_t m, int64_t k,
@@ -105,6 +120,10 @@ void panel_linear_avx512(const float* panels, const float* x, const float* bias,
 // whatever the row count (the next panel's blocks, while this decoded one is in cache).
 void panel_block_fp32(const float* panel, const float* x, const float* bias, float* out, int64_t ldo, int64_t k,
                       int cols, int64_t rows, const char* prefetch, int64_t lines);
+// The same for one gated fp32 panel (pack_gated_panels' order: 24 gate then 24 up columns, bias likewise): out's
+// columns [0, cols) = silu(gate) * up, panel_linear_silu's bits (from column exact_from on, its scalar tail).
+void panel_block_silu_fp32(const float* panel, const float* x, const float* bias, float* out, int64_t ldo, int64_t k,
+                           int cols, int exact_from, int64_t rows, const char* prefetch, int64_t lines);
 // The same for one bf16 pair panel [pairs, 48] and x as bf16 pairs, the fp32 sums unrounded (avx512_bf16).
 void panel_block_bf16(const uint32_t* panel, const uint32_t* x_pairs, float* out, int64_t ldo, int64_t pairs,
                       int cols, int64_t rows, const char* prefetch, int64_t lines);

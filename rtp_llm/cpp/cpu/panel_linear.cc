@@ -311,6 +311,11 @@ void panel_block_fp32(const float* panel, const float* x, const float* bias, flo
     block_rows<Fp32, false>(panel, x, bias, out, ldo, k, cols, cols, rows, prefetch, lines, nullptr, true);
 }
 
+void panel_block_silu_fp32(const float* panel, const float* x, const float* bias, float* out, int64_t ldo, int64_t k,
+                           int cols, int exact_from, int64_t rows, const char* prefetch, int64_t lines) {
+    block_rows<Fp32, true>(panel, x, bias, out, ldo, k, cols, exact_from, rows, prefetch, lines, nullptr, true);
+}
+
 void panel_block_bf16(const uint32_t* panel, const uint32_t* x_pairs, float* out, int64_t ldo, int64_t pairs,
                       int cols, int64_t rows, const char* prefetch, int64_t lines) {
     block_rows<Bf16PairsFloatOut, false>(panel, x_pairs, nullptr, out, ldo, pairs, cols, cols, rows, prefetch, lines,
@@ -345,6 +350,8 @@ namespace rtp_llm {
 void panel_linear_avx512(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t) {}
 void panel_block_fp32(const float*, const float*, const float*, float*, int64_t, int64_t, int, int64_t, const char*,
                       int64_t) {}
+void panel_block_silu_fp32(const float*, const float*, const float*, float*, int64_t, int64_t, int, int, int64_t,
+                           const char*, int64_t) {}
 void panel_block_bf16(const uint32_t*, const uint32_t*, float*, int64_t, int64_t, int, int64_t, const char*, int64_t) {}
 void panel_linear_bf16(const uint32_t*, const uint32_t*, const float*, c10::BFloat16*, int64_t, int64_t, int64_t) {}
 void panel_linear_bf16(const uint32_t*, const uint32_t*, const float*, float*, int64_t, int64_t, int64_t) {}

@@ -165,6 +165,41 @@ void quant_linear_out(const at::Tensor& x, const at::Tensor& w, const std::optio
     }
 }
 
+at::Tensor quant_linear_silu(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
+                             int64_t inter) {
+    constexpr int64_t half = kPanelCols / 2;
+    TORCH_CHECK(inter > 0, "quant_linear_silu: the activation's width must be positive, got ", inter);
+    const int64_t np = (inter + half - 1) / half;
+    const Format f = checked_packed(w, np * kPanelCols, "quant_linear_silu");
+    TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+                    x.dim() == 2,
+                "quant_linear_silu: x must be a float32 or bfloat16 CPU matrix [M, K]");
+    const int64_t k = w.size(1) * quant::elements(f);
+    TORCH_CHECK(x.size(1) == k, "quant_linear_silu: x has ", x.size(1), " columns, the weight ", k);
+    // the bias [gate; up] in the rows' order, zero in the padding
+    at::Tensor b;
+    if (bias.has_value() && bias->defined()) {
+        TORCH_CHECK(bias->dim() == 1 && bias->size(0) == 2 * inter, "quant_linear_silu: bias must be [", 2 * inter,
+                    "] ([gate; up])");
+        auto padded = at::zeros({2, np * half}, bias->options().dtype(at::kFloat));
+        padded.narrow(1, 0, inter).copy_(bias->view({2, inter}));
+        b = padded.view({2, np, half}).transpose(0, 1).contiguous().view({-1});
+    }
+    if (x.scalar_type() == at::kFloat && x.size(0) > kQuantDirectRows && cpu_avx512()) {
+        const auto xc = x.contiguous();
+        auto out = at::empty({x.size(0), inter}, x.options());
+        quant_linear_silu_avx512(static_cast<int>(f), w.data_ptr<uint8_t>(), xc.data_ptr<float>(),
+                                 b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(), x.size(0), k,
+                                 inter);
+        return out;
+    }
+    // [gate | up] from the interleaved rows, then the activation: the epilogue's bits (it rounds as silu_and_mul)
+    const int64_t m = x.size(0);
+    const auto y = quant_linear(x, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt, np * kPanelCols);
+    return silu_and_mul(y.view({m, np, 2, half}).transpose(1, 2).reshape({m, 2, np * half}).narrow(2, 0, inter)
+                            .reshape({m, 2 * inter}));
+}
+
 at::Tensor quant_dequantize(const at::Tensor& w) {
     const Format f = checked_format(w);
     const int64_t n = w.size(0), blocks = w.size(1), bytes = w.size(2), per = quant::elements(f);

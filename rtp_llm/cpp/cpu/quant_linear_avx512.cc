@@ -4,7 +4,8 @@
 // - few rows (decode): each vector meets the rows in registers as it is decoded, four groups (64 outputs) at a
 //   time so that four chains per row hide the FMA latency; the weights are streamed once at their stored size;
 // - more rows: the three groups of a 48-column panel are decoded into an fp32 panel (L2) and panel_linear's tiles
-//   run on it for every row block: the decoding is paid once per panel and row chunk.
+//   run on it for every row block: the decoding is paid once per panel and row chunk (a gated gate_up's SiLU in
+//   their epilogue, as pack_gated_panels' copy has it).
 #include <ATen/Parallel.h>
 
 #include <cstdlib>
@@ -27,7 +28,7 @@ using quant::Format;
 using quant::kLanes;
 using quant::packed_layout;
 
-constexpr int64_t kDirectRows = 4;   // up to this many rows, vectors meet the rows as they are decoded
+constexpr int64_t kDirectRows = kQuantDirectRows;  // up to this many rows, vectors meet the rows as they are decoded
 constexpr int kDirectGroups = 4;     // groups (of 16 outputs) in flight per row on that path
 constexpr int64_t kRowChunk = 192;   // rows per decoded panel on the panel path (panel_linear.cc's chunk)
 constexpr int64_t kLongStream = 32 * 1024;  // a group's bytes (all of K) from which the few-row path prefetches within it
@@ -276,11 +277,15 @@ std::pair<const char*, int64_t> next_panel_blocks(const uint8_t* w, int64_t grou
             (std::min(groups - next * kGroupsPerPanel, kGroupsPerPanel) * group_bytes + 63) / 64};
 }
 
-template <Format F>
+// Gated: the rows are pack_gated_panels' order and n is the activation's width I (ceil(I / 24) panels of 24 gate
+// and 24 up columns, bias in that order): out [m, I] = silu(gate) * up from the tiles' epilogue (m > kDirectRows).
+template <Format F, bool Gated = false>
 void run(const uint8_t* w, const float* x, const float* bias, float* out, int64_t m, int64_t k, int64_t n) {
+    constexpr int64_t kOut = Gated ? kPanelCols / 2 : kPanelCols;  // output columns per panel
+    const int64_t panels = (n + kOut - 1) / kOut;
     const int64_t group_bytes = k / quant::elements(F) * packed_layout(F).bytes;
-    const int64_t groups = (n + kLanes - 1) / kLanes;
-    if (m <= kDirectRows) {
+    const int64_t groups = Gated ? panels * (kPanelCols / kLanes) : (n + kLanes - 1) / kLanes;
+    if (!Gated && m <= kDirectRows) {
         // ranges of 4 groups, so that a range's 64 outputs run four chains per row
         parallel_for(0, (groups + kDirectGroups - 1) / kDirectGroups, 1, [&](int64_t c0, int64_t c1) {
             const int64_t g0 = c0 * kDirectGroups, g1 = std::min(groups, c1 * kDirectGroups);
@@ -294,7 +299,6 @@ void run(const uint8_t* w, const float* x, const float* bias, float* out, int64_
         return;
     }
     constexpr int64_t kGroupsPerPanel = kPanelCols / kLanes;
-    const int64_t panels = (n + kPanelCols - 1) / kPanelCols;
     for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
         const int64_t rows = std::min(kRowChunk, m - r0);
         parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
@@ -303,10 +307,16 @@ void run(const uint8_t* w, const float* x, const float* bias, float* out, int64_
                 const int64_t g0 = p * kGroupsPerPanel, g1 = std::min(groups, g0 + kGroupsPerPanel);
                 decode_panel<F>(w, group_bytes, k, g0, g1, scratch);
                 const auto [ahead, lines] = next_panel_blocks(w, group_bytes, groups, p, p1);
-                panel_block_fp32(scratch, x + r0 * k, bias ? bias + p * kPanelCols : nullptr,
-                                 out + r0 * n + p * kPanelCols, n, k,
-                                 static_cast<int>(std::min<int64_t>(kPanelCols, n - p * kPanelCols)), rows, ahead,
-                                 lines);
+                const float* b = bias ? bias + p * kPanelCols : nullptr;
+                float* o = out + r0 * n + p * kOut;
+                const int cols = static_cast<int>(std::min<int64_t>(kOut, n - p * kOut));
+                if constexpr (Gated) {
+                    // activation.cc's vector loop covers the columns below I rounded down to 8 (panel_linear.cc)
+                    const int exact_from = static_cast<int>(std::min<int64_t>(kOut, (n & ~int64_t{7}) - p * kOut));
+                    panel_block_silu_fp32(scratch, x + r0 * k, b, o, n, k, cols, exact_from, rows, ahead, lines);
+                } else {
+                    panel_block_fp32(scratch, x + r0 * k, b, o, n, k, cols, rows, ahead, lines);
+                }
             }
         });
     }
@@ -420,6 +430,11 @@ void quant_linear_avx512(int format, const uint8_t* w, const float* x, const flo
     by_format(format, [&](auto f) { run<decltype(f)::value>(w, x, bias, out, m, k, n); });
 }
 
+void quant_linear_silu_avx512(int format, const uint8_t* w, const float* x, const float* bias, float* out, int64_t m,
+                              int64_t k, int64_t inter) {
+    by_format(format, [&](auto f) { run<decltype(f)::value, true>(w, x, bias, out, m, k, inter); });
+}
+
 }  // namespace rtp_llm
 
 #else
@@ -428,6 +443,7 @@ namespace rtp_llm {
 void quant_linear_avx512(int, const uint8_t*, const float*, const float*, float*, int64_t, int64_t, int64_t) {}
 void quant_screen_avx512(int, const uint8_t*, const uint32_t*, float*, int64_t, int64_t, int64_t) {}
 void quant_row_avx512(int, const uint8_t*, int64_t, int64_t, float*) {}
+void quant_linear_silu_avx512(int, const uint8_t*, const float*, const float*, float*, int64_t, int64_t, int64_t) {}
 }  // namespace rtp_llm
 
 #endif

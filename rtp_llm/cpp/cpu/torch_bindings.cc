@@ -26,6 +26,8 @@ TORCH_LIBRARY(rtp_llm, m) {
     m.def("gemv(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
     m.def("quant_pack(Tensor[] parts) -> Tensor");
     m.def("quant_linear(Tensor x, Tensor w, Tensor? bias, int n) -> Tensor");
+    m.def("quant_linear_silu(Tensor x, Tensor w, Tensor? bias, int inter) -> Tensor");
+    m.def("linear_silu(Tensor x, Tensor packed, Tensor? bias, int inter) -> Tensor");
     m.def("quant_packed_rows(Tensor w, Tensor rows, int n) -> Tensor");
     m.def("quant_dequantize(Tensor w) -> Tensor");
     m.def("pack_panels(Tensor w) -> Tensor");
@@ -62,6 +64,8 @@ TORCH_LIBRARY_IMPL(rtp_llm, CPU, m) {
     m.impl("gemv", &gemv);
     m.impl("quant_pack", &quant_pack);
     m.impl("quant_linear", &quant_linear);
+    m.impl("quant_linear_silu", &quant_linear_silu);
+    m.impl("linear_silu", &linear_silu);
     m.impl("quant_packed_rows", &quant_packed_rows);
     m.impl("quant_dequantize", &quant_dequantize);
     m.impl("pack_panels", &pack_panels);

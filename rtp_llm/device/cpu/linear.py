@@ -4,7 +4,8 @@ layer (rtp_llm/layers/linear.py) as a CpuLinear, as vLLM's dispatch_cpu_unquanti
 - float32 on a CPU with AVX-512, bfloat16 with avx512_bf16 too: 48-column panels (rtp_llm/cpp/cpu/
   panel_linear.cc; bf16 as k-pairs for the CPU's bf16 dot products, fp32 sums) serve every row count, so the
   panels are the only copy. A gate_up projection whose output only feeds silu_and_mul is packed as gated panels
-  (24 gate and the same 24 up rows each) so the SiLU runs in the GEMM's epilogue.
+  (24 gate and the same 24 up rows each) so the SiLU runs in the GEMM's epilogue; a float32 run's GGUF gate_up
+  keeps its blocks in that row order for the same epilogue (quant_linear_silu).
 - otherwise (no AVX-512, bf16 without avx512_bf16): oneDNN's blocked layout (the kernel family vLLM's CPU backend
   uses), and beside it, when `gemv_weights` allows, the plain weight for the GEMV kernel of steps of a few rows
   (rtp_llm/cpp/cpu/gemv.cc), which streams weights faster than oneDNN there.
@@ -68,8 +69,8 @@ class CpuLinear:
     def silu(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """silu(gate) * up from gated panels: bit for bit silu_and_mul of [gate | up], without writing it."""
         shape = x.shape
-        act = self.kernels.panel_linear_silu(x.reshape(-1, shape[-1]).contiguous(), self.packed, bias,
-                                             self.out_features // 2)
+        act = self.kernels.linear_silu(x.reshape(-1, shape[-1]).contiguous(), self.packed, bias,
+                                       self.out_features // 2)
         return act.reshape(*shape[:-1], act.shape[-1])
 
     def _gate_up(self, x, bias):
@@ -77,14 +78,40 @@ class CpuLinear:
         # kernel): panel p holds columns [gate 24p..24p+23, up 24p..24p+23], the bias put in that order so that it
         # is added before the rounding, as panel_linear adds it.
         inter = self.out_features // 2
-        blocks = self.packed.shape[0]
+        blocks = (inter + 23) // 24
         pad = blocks * 24 - inter
         if bias is not None:
             bias = torch.nn.functional.pad(bias.view(2, inter), (0, pad)).view(2, blocks, 24)
             bias = bias.transpose(0, 1).reshape(-1)
-        y = self.kernels.panel_linear(x, self.packed, bias, blocks * 48)
+        y = self.kernels.linear(x, None, self.packed, bias, blocks * 48, 0)
         y = y.view(-1, blocks, 2, 24).transpose(1, 2).reshape(-1, 2, blocks * 24)[:, :, :inter]
         return y.reshape(-1, 2 * inter)
+
+
+def gated_rows(parts: list[torch.Tensor], inter: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The rows of [gate; up] (blocks, in `parts`) in pack_gated_panels' order, [gate 0-23, up 0-23, gate 24-47,
+    ...], zero blocks (zero weights) padding the last 24; and each original row's position there."""
+    bounds, at = [], 0
+    for p in parts:
+        bounds.append((at, p))
+        at += p.shape[0]
+
+    def rows(start: int, stop: int) -> list[torch.Tensor]:  # rows [start, stop) of the parts, as views
+        return [p[max(start - a, 0):min(stop - a, p.shape[0])] for a, p in bounds
+                if a < stop and a + p.shape[0] > start]
+
+    panels = (inter + 23) // 24
+    out = []
+    for j in range(0, panels * 24, 24):
+        n = min(24, inter - j)
+        for half in (0, inter):
+            out += rows(half + j, half + j + n)
+            if n < 24:
+                out.append(torch.zeros((24 - n,) + tuple(parts[0].shape[1:]), dtype=torch.uint8))
+    i = torch.arange(2 * inter)
+    j = i % inter
+    order = (j // 24) * 48 + (i >= inter).long() * 24 + j % 24
+    return out, order
 
 
 class LinearPlanner:
@@ -123,9 +150,13 @@ class LinearPlanner:
         # quant_linear reads them (linear.cc), and so does a tied embedding's row lookup
         for lin in quantized + ([head] if head.quantized is not None else []):
             q = lin.quantized
+            # float32 runs: a gate_up's rows in gated panels' order, the SiLU in the kernel's epilogue (bf16 runs
+            # round gate_up to bf16 before the activation, which the fp32 epilogue does not)
+            gated = lin.feeds_silu and q.shape[0] % 2 == 0 and lin.weight.dtype == torch.float32
             if q.packed is None:
-                q.repacked(self.kernels.quant_pack(q.file_blocks()))
-            lin.kernel = CpuLinear(self.kernels, q.shape[0], None, q.packed)
+                parts, order = gated_rows(q.file_blocks(), q.shape[0] // 2) if gated else (q.file_blocks(), None)
+                q.repacked(self.kernels.quant_pack(parts), order)
+            lin.kernel = CpuLinear(self.kernels, q.shape[0], None, q.packed, gated=q.row_order is not None)
         if head.quantized is not None and greedy_screen and head.weight.dtype == torch.float32 \
                 and self.kernels.cpu_avx512_bf16():
             head.kernel.screen = self._quant_screen(head.quantized)

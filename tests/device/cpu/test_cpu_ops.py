@@ -159,8 +159,8 @@ def test_gated_panels_give_silu_and_mul_of_the_panel_product_bit_for_bit(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prepared_mlp_runs_gated_panels_and_linear_still_means_gate_up(dtype):
-    """Without tensor parallelism prepare() packs gate_up as gated panels and mlp() runs panel_linear_silu
-    on them (counted): the same bits as the unfused ops on ordinary panels, pieces or not; linear() on that
+    """Without tensor parallelism prepare() packs gate_up as gated panels and mlp() runs linear_silu
+    (panel_linear_silu) on them (counted): the same bits as the unfused ops on ordinary panels, pieces or not; linear() on that
     weight still returns [gate | up] with the bias added before rounding, as the ordinary panels do."""
     ops = CpuOps()
     if dtype not in ops.panel_dtypes:
@@ -176,13 +176,13 @@ def test_prepared_mlp_runs_gated_panels_and_linear_still_means_gate_up(dtype):
     k_ops = ops.kernels
     h = torch.randn(700, 80).to(dtype)
     calls = []
-    real = k_ops.panel_linear_silu
+    real = k_ops.linear_silu
 
     class Counting:
         def __getattr__(self, name):
             return getattr(k_ops, name)
 
-        def panel_linear_silu(self, *args):
+        def linear_silu(self, *args):
             calls.append(args[0].shape[0])
             return real(*args)
 

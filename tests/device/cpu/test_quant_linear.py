@@ -20,6 +20,7 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf import quants  # noqa: E402
 
 from rtp_llm._native import ops  # noqa: E402
+from rtp_llm.device.cpu.linear import gated_rows  # noqa: E402
 from tests.models.gguf_blocks import (ALL, FORMATS, K_QUANTS, as_blocks, block_bytes,  # noqa: E402,F401
                                       block_elements, bytewise, quantized)
 
@@ -139,6 +140,63 @@ def test_the_dequantized_models_fp32_panels_bit_for_bit(fmt, make):
         assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32)), (m, (ours - theirs).abs().max())
 
 
+def _gated(blocks, inter):
+    """gate_up's blocks packed in gated panels' row order, as the CPU planner packs a float32 run's gate_up."""
+    parts, order = gated_rows([blocks[:inter], blocks[inter:]], inter)
+    return R.quant_pack(parts), order
+
+
+@pytest.mark.parametrize("fmt", ALL)
+@pytest.mark.parametrize("make", [quantized, bytewise])
+@pytest.mark.parametrize("inter", [96, 37])
+def test_gated_gate_up_is_the_dequantized_gated_panels_bit_for_bit(fmt, make, inter):
+    """quant_linear_silu on blocks in gated panels' order (24 gate and 24 up rows per panel, zero rows past I):
+    silu(gate) * up bit for bit as the fp32 gated panels of the dequantized matrix give it (pack_gated_panels:
+    the SiLU in the tiles' epilogue), and as silu_and_mul after quant_linear on the blocks in their own order,
+    at every row count: the few-row path (registers, then the activation) and the panel path (the epilogue). An
+    activation width that is no multiple of 24 or 8 pads the last panel and takes activation.cc's scalar tail."""
+    k = 512
+    raw = make(fmt, 2 * inter, k, seed=inter)
+    blocks = as_blocks(raw, fmt)
+    gated, _ = _gated(blocks, inter)
+    plain = R.quant_pack([blocks])
+    bias = torch.randn(2 * inter, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(203, k, generator=torch.Generator().manual_seed(inter))
+    dense = R.pack_gated_panels(R.quant_dequantize(blocks)) if R.cpu_isa() == "avx512" else None
+    for b in (None, bias):
+        full = R.quant_linear_silu(x, gated, b, inter)
+        assert full.shape == (203, inter) and full.dtype == torch.float32
+        unfused = R.silu_and_mul(R.quant_linear(x, plain, b, 2 * inter))
+        assert torch.equal(full.view(torch.int32), unfused.view(torch.int32))
+        if dense is not None:
+            assert torch.equal(full.view(torch.int32), R.panel_linear_silu(x, dense, b, inter).view(torch.int32))
+        for m in (1, 2, 4, 5, 8, 9, 33):  # linear_silu is the call the layers make; the same rows' bits
+            assert torch.equal(R.linear_silu(x[:m], gated, b, inter).view(torch.int32), full[:m].view(torch.int32))
+    # bf16 rows (bf16 runs keep gate_up unfused, but the op still answers): silu_and_mul of the rounded product
+    xb = x[:9].bfloat16()
+    assert torch.equal(R.quant_linear_silu(xb, gated, bias.bfloat16(), inter),
+                       R.silu_and_mul(R.quant_linear(xb, plain, bias.bfloat16(), 2 * inter)))
+    with pytest.raises(RuntimeError, match="groups of 16"):
+        R.quant_linear_silu(x, gated, None, inter + 24)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        R.quant_linear_silu(x, gated, torch.zeros(inter), inter)
+
+
+def test_gated_rows_keep_every_rows_dequantized_values():
+    """A weight packed in gated order still answers rows() and dequantize() in its own order (row_order)."""
+    from rtp_llm.models.quantized import QuantizedWeight
+
+    inter = 37
+    raw = bytewise("Q4_K", 2 * inter, 512, seed=21)
+    q = QuantizedWeight(as_blocks(raw, "Q4_K").numpy(), "Q4_K")
+    dense = R.quant_dequantize(as_blocks(raw, "Q4_K"))
+    packed, order = _gated(as_blocks(raw, "Q4_K"), inter)
+    q.repacked(packed, order)
+    assert torch.equal(q.dequantize().view(torch.int32), dense.view(torch.int32))
+    ids = torch.tensor([[73, 0, 36], [37, 24, 60]])
+    assert torch.equal(q.rows(ids).view(torch.int32), dense[ids].view(torch.int32))
+
+
 @pytest.mark.parametrize("fmt", ALL)
 def test_packed_rows_are_the_dequantized_rows_and_as_many_bytes(fmt):
     raw = bytewise(fmt, 37, 512, seed=13)  # 37 rows: the last group of 16 is partly padding
@@ -167,6 +225,10 @@ raw = quantized({fmt!r}, 29, 512, seed=5)
 x = torch.randn(37, 512, generator=torch.Generator().manual_seed(9))
 p = R.quant_pack([as_blocks(raw, {fmt!r})])
 y = torch.cat([R.quant_linear(x, p, None, 29), R.quant_linear(x[:3], p, None, 29)])
+from rtp_llm.device.cpu.linear import gated_rows
+b = as_blocks(quantized({fmt!r}, 74, 512, seed=6), {fmt!r})
+g = R.quant_pack(gated_rows([b[:37], b[37:]], 37)[0])
+y = torch.cat([y.flatten(), R.quant_linear_silu(x, g, None, 37).flatten(), R.quant_linear_silu(x[:2], g, None, 37).flatten()])
 print(json.dumps({{"isa": R.cpu_isa(), "bits": y.view(torch.int32).flatten().tolist()}}))
 """
     env = dict(os.environ, **env_extra)
