@@ -29,7 +29,11 @@ using quant::kLanes;
 using quant::packed_layout;
 
 constexpr int64_t kDirectRows = kQuantDirectRows;  // up to this many rows, vectors meet the rows as they are decoded
-constexpr int kDirectGroups = 4;     // groups (of 16 outputs) in flight per row on that path
+// Groups (of 16 outputs) in flight per row on that path: 4, whose chains overlap the decode's latency (every format
+// but Q8_0 is decode-bound at few rows); Q8_0 at one row is bound by the memory stream, which runs faster as two
+// streams than as four (a 151,936-row head: ~12% less time, benchmarks/README.md).
+template <Format F, int M>
+constexpr int kDirectGroups = F == Format::kQ8_0 && M == 1 ? 2 : 4;
 constexpr int64_t kRowChunk = 192;   // rows per decoded panel on the panel path (panel_linear.cc's chunk)
 constexpr int64_t kLongStream = 32 * 1024;  // a group's bytes (all of K) from which the few-row path prefetches within it
 
@@ -206,18 +210,18 @@ RTP_AVX512 void direct_groups(const uint8_t* w, int64_t group_bytes, const float
 template <Format F, int M>
 RTP_AVX512 void direct_m(const uint8_t* w, int64_t group_bytes, const float* x, const float* bias, float* out,
                          int64_t k, int64_t n, int64_t g0, int64_t g1) {
+    constexpr int G = kDirectGroups<F, M>;
     // a step requests the groups of the next one in this range, else the first of the range this thread will most
     // likely claim next: past the range they are likely another thread's (at N = 896, 14 steps in all)
     auto ahead = [&](int64_t next) -> const char* {
         if (next < g1) return reinterpret_cast<const char*>(w + next * group_bytes);
         const int64_t c = parallel_for_next_begin();
-        return c >= 0 ? reinterpret_cast<const char*>(w + c * kDirectGroups * group_bytes) : nullptr;
+        return c >= 0 ? reinterpret_cast<const char*>(w + c * G * group_bytes) : nullptr;
     };
     int64_t g = g0;
-    for (; g + kDirectGroups <= g1; g += kDirectGroups)
-        direct_groups<F, M, kDirectGroups>(w + g * group_bytes, group_bytes, x, k, bias ? bias + 16 * g : nullptr,
-                                           out + 16 * g, n, static_cast<int>(std::min<int64_t>(64, n - 16 * g)),
-                                           ahead(g + kDirectGroups));
+    for (; g + G <= g1; g += G)
+        direct_groups<F, M, G>(w + g * group_bytes, group_bytes, x, k, bias ? bias + 16 * g : nullptr, out + 16 * g, n,
+                               static_cast<int>(std::min<int64_t>(16 * G, n - 16 * g)), ahead(g + G));
     for (; g < g1; ++g)
         direct_groups<F, M, 1>(w + g * group_bytes, group_bytes, x, k, bias ? bias + 16 * g : nullptr, out + 16 * g,
                                n, static_cast<int>(std::min<int64_t>(16, n - 16 * g)), ahead(g + 1));
@@ -286,17 +290,19 @@ void run(const uint8_t* w, const float* x, const float* bias, float* out, int64_
     const int64_t group_bytes = k / quant::elements(F) * packed_layout(F).bytes;
     const int64_t groups = Gated ? panels * (kPanelCols / kLanes) : (n + kLanes - 1) / kLanes;
     if (!Gated && m <= kDirectRows) {
-        // ranges of 4 groups, so that a range's 64 outputs run four chains per row
-        parallel_for(0, (groups + kDirectGroups - 1) / kDirectGroups, 1, [&](int64_t c0, int64_t c1) {
-            const int64_t g0 = c0 * kDirectGroups, g1 = std::min(groups, c1 * kDirectGroups);
-            switch (m) {
-                case 1: return direct_m<F, 1>(w, group_bytes, x, bias, out, k, n, g0, g1);
-                case 2: return direct_m<F, 2>(w, group_bytes, x, bias, out, k, n, g0, g1);
-                case 3: return direct_m<F, 3>(w, group_bytes, x, bias, out, k, n, g0, g1);
-                default: return direct_m<F, 4>(w, group_bytes, x, bias, out, k, n, g0, g1);
-            }
-        });
-        return;
+        // ranges of kDirectGroups groups, so that a range's outputs run that many chains per row
+        auto rows = [&](auto mc) {
+            constexpr int M = decltype(mc)::value, G = kDirectGroups<F, M>;
+            parallel_for(0, (groups + G - 1) / G, 1, [&](int64_t c0, int64_t c1) {
+                direct_m<F, M>(w, group_bytes, x, bias, out, k, n, c0 * G, std::min(groups, c1 * G));
+            });
+        };
+        switch (m) {
+            case 1: return rows(std::integral_constant<int, 1>());
+            case 2: return rows(std::integral_constant<int, 2>());
+            case 3: return rows(std::integral_constant<int, 3>());
+            default: return rows(std::integral_constant<int, 4>());
+        }
     }
     constexpr int64_t kGroupsPerPanel = kPanelCols / kLanes;
     for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
