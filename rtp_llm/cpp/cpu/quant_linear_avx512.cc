@@ -30,10 +30,11 @@ using quant::packed_layout;
 
 constexpr int64_t kDirectRows = kQuantDirectRows;  // up to this many rows, vectors meet the rows as they are decoded
 // Groups (of 16 outputs) in flight per row on that path: 4, whose chains overlap the decode's latency (every format
-// but Q8_0 is decode-bound at few rows); Q8_0 at one row is bound by the memory stream, which runs faster as two
-// streams than as four (a 151,936-row head: ~12% less time, benchmarks/README.md).
+// but Q8_0 is decode-bound at few rows); Q8_0 at one or two rows is bound by the memory stream, which runs faster
+// as two streams than as four (LM heads in a decode step: 11-15% less time, benchmarks/README.md; from L3, a
+// matrix read again at once, four are faster, which a model's weights never are).
 template <Format F, int M>
-constexpr int kDirectGroups = F == Format::kQ8_0 && M == 1 ? 2 : 4;
+constexpr int kDirectGroups = F == Format::kQ8_0 && M <= 2 ? 2 : 4;
 constexpr int64_t kRowChunk = 192;   // rows per decoded panel on the panel path (panel_linear.cc's chunk)
 constexpr int64_t kLongStream = 32 * 1024;  // a group's bytes (all of K) from which the few-row path prefetches within it
 
