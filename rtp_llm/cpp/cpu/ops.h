@@ -97,6 +97,9 @@ void panel_linear_out(const at::Tensor& x, const at::Tensor& panels, const std::
 at::Tensor pack_gated_panels(const at::Tensor& w);
 at::Tensor panel_linear_silu(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias,
                              int64_t inter);
+// A gated gate_up's bias [2 I] ([gate; up]) in the panels' column order (24 gate, 24 up per panel, zero past I),
+// float32 [ceil(I / 24) x 48]; undefined for none. op names the caller in the error for a wrong size.
+at::Tensor gated_bias(const std::optional<at::Tensor>& bias, int64_t inter, const char* op);
 // Within its scope, the panel GEMMs this thread calls are followed by the one on `panels` (pack_panels' or
 // pack_gated_panels' copy; none or another layout: nothing is assumed): each pool thread's last panel requests
 // the first panel it will likely take there, as it does within a GEMM. A prefetch hint, no result changes.

@@ -482,6 +482,16 @@ at::Tensor pack_gated_panels(const at::Tensor& w) {
     return pack_panels(padded.view({2, np, half, k}).transpose(0, 1).reshape({2 * np * half, k}));
 }
 
+at::Tensor gated_bias(const std::optional<at::Tensor>& bias, int64_t inter, const char* op) {
+    if (!bias.has_value() || !bias->defined()) return {};
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == 2 * inter, op, ": bias must be [", 2 * inter, "] ([gate; up])");
+    constexpr int64_t half = kPanelCols / 2;
+    const int64_t np = (inter + half - 1) / half;
+    auto padded = at::zeros({2, np * half}, bias->options().dtype(at::kFloat));
+    padded.narrow(1, 0, inter).copy_(bias->view({2, inter}));
+    return padded.view({2, np, half}).transpose(0, 1).contiguous().view({-1});
+}
+
 at::Tensor panel_linear_silu(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias,
                              int64_t inter) {
     const auto [bf16, k, steps, xc] = panel_input(x, panels, "panel_linear_silu");
@@ -492,15 +502,7 @@ at::Tensor panel_linear_silu(const at::Tensor& x, const at::Tensor& panels, cons
                     panels.is_contiguous(),
                 "panel_linear_silu: panels must be pack_gated_panels' [", np, ", ", steps, ", 48] for intermediate ",
                 inter, " and x's ", k, " columns, got ", panels.sizes());
-    // the bias [gate; up] in the panels' order, zero in the padding
-    at::Tensor b;
-    if (bias.has_value() && bias->defined()) {
-        TORCH_CHECK(bias->dim() == 1 && bias->size(0) == 2 * inter, "panel_linear_silu: bias must be [", 2 * inter,
-                    "] ([gate; up])");
-        auto padded = at::zeros({2, np * half}, bias->options().dtype(at::kFloat));
-        padded.narrow(1, 0, inter).copy_(bias->view({2, inter}));
-        b = padded.view({2, np, half}).transpose(0, 1).contiguous();
-    }
+    const at::Tensor b = gated_bias(bias, inter, "panel_linear_silu");
     const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
     auto out = at::empty({x.size(0), inter}, x.options());
     if (x.size(0) == 0) return out;

@@ -176,15 +176,7 @@ at::Tensor quant_linear_silu(const at::Tensor& x, const at::Tensor& w, const std
                 "quant_linear_silu: x must be a float32 or bfloat16 CPU matrix [M, K]");
     const int64_t k = w.size(1) * quant::elements(f);
     TORCH_CHECK(x.size(1) == k, "quant_linear_silu: x has ", x.size(1), " columns, the weight ", k);
-    // the bias [gate; up] in the rows' order, zero in the padding
-    at::Tensor b;
-    if (bias.has_value() && bias->defined()) {
-        TORCH_CHECK(bias->dim() == 1 && bias->size(0) == 2 * inter, "quant_linear_silu: bias must be [", 2 * inter,
-                    "] ([gate; up])");
-        auto padded = at::zeros({2, np * half}, bias->options().dtype(at::kFloat));
-        padded.narrow(1, 0, inter).copy_(bias->view({2, inter}));
-        b = padded.view({2, np, half}).transpose(0, 1).contiguous().view({-1});
-    }
+    const at::Tensor b = gated_bias(bias, inter, "quant_linear_silu");
     if (x.scalar_type() == at::kFloat && x.size(0) > kQuantDirectRows && cpu_avx512()) {
         const auto xc = x.contiguous();
         auto out = at::empty({x.size(0), inter}, x.options());
