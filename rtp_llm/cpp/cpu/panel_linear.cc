@@ -13,8 +13,9 @@
 // of x. Summation order, per output: one FMA chain over k in order, from zero, then + bias. It does not
 // depend on the row count, the row blocking or the thread split, so a sequence's result is the same whatever
 // else shares its step (decode, prefill, any batch).
-#include "rtp_llm/cpp/cpu/work_pool.h"
+#include "rtp_llm/cpp/cpu/cpu_features.h"
 #include "rtp_llm/cpp/cpu/ops.h"
+#include "rtp_llm/cpp/cpu/work_pool.h"
 #include "rtp_llm/cpp/memory/huge_pages.h"
 
 #include <ATen/Parallel.h>
@@ -22,7 +23,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace rtp_llm {
 namespace {
@@ -165,6 +168,20 @@ RTP_AVX512_BF16 __attribute__((always_inline)) inline void gated_store(__m512 (&
     }
 }
 
+// The plain epilogue of tile(): acc (+ bias) into out's columns [0, cols) of MR rows.
+template <typename E, int MR>
+RTP_AVX512_BF16 __attribute__((always_inline)) inline void plain_store(__m512 (&acc)[MR][3], const float* bias,
+                                                                      typename E::Out* out, int64_t ldo, int cols) {
+    for (int c = 0; c < 3; ++c) {
+        const int valid = std::clamp(cols - 16 * c, 0, 16);
+        if (valid == 0) break;
+        const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+        const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + 16 * c) : _mm512_setzero_ps();
+        for (int r = 0; r < MR; ++r)
+            E::store(out + r * ldo + 16 * c, mask, bias ? _mm512_add_ps(acc[r][c], b) : acc[r][c]);
+    }
+}
+
 // out[r, 0:cols] = x[r, :] . panel (+ bias) for MR rows; meanwhile `lines` cache lines from `prefetch` are
 // requested into L2, `per_step` per k step, and the next tile's output block (`out_next`, MR rows of 48
 // columns at the same stride; null for none) for writing. k: steps (fp32: K; bf16: pairs).
@@ -196,18 +213,10 @@ RTP_AVX512_BF16 void tile(const typename E::W* __restrict pan, const typename E:
         for (int u = 0; u < 4; ++u) k_step<E, MR>(pan, x, k, i + u, acc);
     }
     for (; i < k; ++i) k_step<E, MR>(pan, x, k, i, acc);
-    if constexpr (Gated) {
+    if constexpr (Gated)
         gated_store<E, MR>(acc, bias, out, ldo, cols, exact_from);
-        return;
-    }
-    for (int c = 0; c < 3; ++c) {
-        const int valid = std::clamp(cols - 16 * c, 0, 16);
-        if (valid == 0) break;
-        const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
-        const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + 16 * c) : _mm512_setzero_ps();
-        for (int r = 0; r < MR; ++r)
-            E::store(out + r * ldo + 16 * c, mask, bias ? _mm512_add_ps(acc[r][c], b) : acc[r][c]);
-    }
+    else
+        plain_store<E, MR>(acc, bias, out, ldo, cols);
 }
 
 template <typename E>
@@ -271,11 +280,23 @@ void panel_rows(const typename E::W* panels, const typename E::X* x, const float
                          next.q >= 0 ? out + r0 * n + next.q * oc : nullptr);
 }
 
+// The panel after q in this thread's chunk [.., end), else the first of the chunk it will likely claim next, else
+// (the call's last row chunk) the first it will likely take in the GEMM that follows.
+template <typename W>
+NextPanel next_panel(const W* panels, int64_t k, int64_t q, int64_t end, bool last, const Following& after) {
+    const int64_t nq = q + 1 < end ? q + 1 : parallel_for_next_begin();
+    if (nq >= 0) return {reinterpret_cast<const char*>(panels + nq * k * kPanelCols), k * kPanelCols * 4 / 64, nq};
+    if (last && after.base) {
+        const int64_t fq = parallel_for_first_begin(after.panels, 1);
+        if (fq >= 0) return {after.base + fq * after.panel_bytes, after.panel_bytes / 64, -1};
+    }
+    return {};
+}
+
 template <typename E, bool Gated = false>
 void panel_linear_any(const typename E::W* panels, const typename E::X* x, const float* bias, typename E::Out* out,
                       int64_t m, int64_t k, int64_t n) {
     const int64_t np = (n + kOutCols<Gated> - 1) / kOutCols<Gated>;
-    const int64_t panel_lines = k * kPanelCols * 4 / 64;
     const Following after = t_following;  // the caller's: the pool's threads have their own
     for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
         const int64_t rows = std::min(kRowChunk, m - r0);
@@ -284,20 +305,124 @@ void panel_linear_any(const typename E::W* panels, const typename E::X* x, const
         // thread's last panel the first it will likely take in the following GEMM: at decode widths (12-128
         // panels in chunks of 1-32) a cold first panel per chunk and per GEMM was a sixth of the panels.
         parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
-            for (int64_t q = begin; q < end; ++q) {
-                NextPanel next;
-                const int64_t nq = q + 1 < end ? q + 1 : parallel_for_next_begin();
-                if (nq >= 0) {
-                    next = {reinterpret_cast<const char*>(panels + nq * k * kPanelCols), panel_lines, nq};
-                } else if (last && after.base) {
-                    const int64_t fq = parallel_for_first_begin(after.panels, 1);
-                    if (fq >= 0) next = {after.base + fq * after.panel_bytes, after.panel_bytes / 64, -1};
-                }
-                panel_rows<E, Gated>(panels, x, bias, out, k, n, q, r0, rows, next);
-            }
+            for (int64_t q = begin; q < end; ++q)
+                panel_rows<E, Gated>(panels, x, bias, out, k, n, q, r0, rows,
+                                     next_panel(panels, k, q, end, last, after));
         });
     }
 }
+
+// AMX's bf16 tiles on the same pair panels. 16 pair steps of a panel's 16 columns are one B tile in the layout
+// TDPBF16PS reads (row i: each column's (k 2i, k 2i + 1) pair), 16 pair steps of up to 16 x rows one A tile: a
+// block of up to 16 rows by one panel keeps 3 C tiles (48 columns) and takes one A and three B tiles per 32 k.
+// TDPBF16PS does not round after each product as vdpbf16ps does (it sums a tile step's products more exactly;
+// measured here, not documented), so its sums are its own and every row count of a bf16 GEMM runs it: one
+// k order in steps of 32 from zero tiles, then + bias, whatever rows share the call. K must be a multiple of 32.
+#define RTP_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")))
+
+constexpr int64_t kAmxPairs = 16;  // pair steps per tile step (32 k)
+constexpr int64_t kAmxRows = 16;   // rows per block
+
+struct alignas(64) TileConfig {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+
+// tiles 0-2: C (rows x 16 fp32), 3: A (rows x 16 pairs), 4-6: B (16 pairs x 16 columns)
+RTP_AMX void amx_configure(int rows) {
+    TileConfig c;
+    for (int t = 0; t < 7; ++t) {
+        c.rows[t] = static_cast<uint8_t>(t < 4 ? rows : kAmxPairs);
+        c.colsb[t] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+RTP_AMX void amx_release() { _tile_release(); }
+
+// `rows` rows of x (row stride `pairs`; the configured tile rows are read) by the pair panel `pan` into out's
+// columns [0, cols) through tile()'s epilogues; `lines` cache lines from `prefetch` requested meanwhile.
+template <typename E, bool Gated>
+RTP_AMX void amx_block(const uint32_t* pan, const uint32_t* x, int64_t pairs, int rows, const float* bias,
+                       typename E::Out* out, int64_t ldo, int cols, int exact_from, const char* prefetch,
+                       int64_t lines, float* cbuf) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    const int64_t steps = pairs / kAmxPairs, per_step = (lines + steps - 1) / steps;
+    int64_t next = 0;
+    for (int64_t s = 0; s < steps; ++s) {
+        for (int64_t j = 0; j < per_step && next < lines; ++j, ++next) __builtin_prefetch(prefetch + 64 * next, 0, 2);
+        const uint32_t* b = pan + s * kAmxPairs * kPanelCols;
+        _tile_loadd(3, x + s * kAmxPairs, pairs * 4);
+        _tile_loadd(4, b, kPanelCols * 4);
+        _tile_loadd(5, b + 16, kPanelCols * 4);
+        _tile_loadd(6, b + 32, kPanelCols * 4);
+        _tile_dpbf16ps(0, 3, 4);
+        _tile_dpbf16ps(1, 3, 5);
+        _tile_dpbf16ps(2, 3, 6);
+    }
+    _tile_stored(0, cbuf, kPanelCols * 4);
+    _tile_stored(1, cbuf + 16, kPanelCols * 4);
+    _tile_stored(2, cbuf + 32, kPanelCols * 4);
+    for (int r = 0; r < rows; ++r) {
+        __m512 acc[1][3];
+        for (int c = 0; c < 3; ++c) acc[0][c] = _mm512_load_ps(cbuf + r * kPanelCols + 16 * c);
+        if constexpr (Gated)
+            gated_store<E, 1>(acc, bias, out + r * ldo, ldo, cols, exact_from);
+        else
+            plain_store<E, 1>(acc, bias, out + r * ldo, ldo, cols);
+    }
+}
+
+// panel_linear_any on AMX (pairs % 32 == 0): row chunks, panels split across threads, each panel by the chunk's
+// blocks of 16 rows. Up to 16 rows the tiles are configured with m rows; past that the rows after the last
+// whole 16 are copied into 16 zero-padded rows.
+template <typename E, bool Gated = false>
+void amx_linear_any(const uint32_t* panels, const uint32_t* x, const float* bias, typename E::Out* out, int64_t m,
+                    int64_t pairs, int64_t n) {
+    constexpr int64_t oc = kOutCols<Gated>;
+    const int64_t np = (n + oc - 1) / oc;
+    const Following after = t_following;
+    const int tile_rows = static_cast<int>(std::min(m, kAmxRows));
+    const int64_t whole = m > kAmxRows ? m / kAmxRows * kAmxRows : m;
+    std::vector<uint32_t> tail;
+    if (whole < m) {
+        tail.assign(kAmxRows * pairs, 0u);
+        std::memcpy(tail.data(), x + whole * pairs, static_cast<size_t>((m - whole) * pairs) * 4);
+    }
+    static_assert(kRowChunk % kAmxRows == 0, "row chunks of whole blocks");
+    for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
+        const int64_t rows = std::min(kRowChunk, m - r0);
+        const bool last = r0 + rows >= m;
+        parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
+            amx_configure(tile_rows);
+            alignas(64) float cbuf[kAmxRows * kPanelCols];
+            for (int64_t q = begin; q < end; ++q) {
+                const NextPanel next = next_panel(panels, pairs, q, end, last, after);
+                const int cols = static_cast<int>(std::min<int64_t>(oc, n - q * oc));
+                const int exact_from = static_cast<int>(std::min<int64_t>(oc, (n & ~int64_t{7}) - q * oc));
+                const int64_t blocks = (rows + kAmxRows - 1) / kAmxRows;
+                const int64_t per_block = next.panel ? (next.lines + blocks - 1) / blocks : 0;
+                int64_t line = 0;
+                for (int64_t r = r0; r < r0 + rows; r += kAmxRows) {
+                    const int64_t lines = std::max<int64_t>(0, std::min(per_block, next.lines - line));
+                    amx_block<E, Gated>(panels + q * pairs * kPanelCols, r >= whole ? tail.data() : x + r * pairs,
+                                        pairs, static_cast<int>(std::min(kAmxRows, r0 + rows - r)),
+                                        bias ? bias + q * kPanelCols : nullptr, out + r * n + q * oc, n, cols,
+                                        exact_from, lines ? next.panel + line * 64 : nullptr, lines, cbuf);
+                    line += lines;
+                }
+            }
+            amx_release();
+        });
+    }
+}
+
+// Whether a bf16 GEMM of `pairs` pair steps runs on AMX: decided by the CPU and the weight's K alone, never by
+// the rows of a call.
+bool amx_panels(int64_t pairs) { return pairs % kAmxPairs == 0 && cpu_amx_bf16(); }
 
 }  // namespace
 
@@ -324,7 +449,10 @@ void panel_block_bf16(const uint32_t* panel, const uint32_t* x_pairs, float* out
 
 void panel_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
                        int64_t m, int64_t pairs, int64_t n) {
-    panel_linear_any<Bf16Pairs>(panels, x_pairs, bias, out, m, pairs, n);
+    if (amx_panels(pairs))
+        amx_linear_any<Bf16Pairs>(panels, x_pairs, bias, out, m, pairs, n);
+    else
+        panel_linear_any<Bf16Pairs>(panels, x_pairs, bias, out, m, pairs, n);
 }
 
 void panel_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, float* out, int64_t m,
@@ -339,7 +467,10 @@ void panel_linear_silu_fp32(const float* panels, const float* x, const float* bi
 
 void panel_linear_silu_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
                             int64_t m, int64_t pairs, int64_t inter) {
-    panel_linear_any<Bf16Pairs, true>(panels, x_pairs, bias, out, m, pairs, inter);
+    if (amx_panels(pairs))
+        amx_linear_any<Bf16Pairs, true>(panels, x_pairs, bias, out, m, pairs, inter);
+    else
+        panel_linear_any<Bf16Pairs, true>(panels, x_pairs, bias, out, m, pairs, inter);
 }
 
 }  // namespace rtp_llm

@@ -20,6 +20,7 @@ TORCH_LIBRARY(rtp_llm, m) {
     // What this process runs (cpu_features.h).
     m.def("cpu_isa() -> str", &cpu_isa);
     m.def("cpu_avx512_bf16() -> bool", &cpu_avx512_bf16);
+    m.def("cpu_amx_bf16() -> bool", &cpu_amx_bf16);
     m.def("huge_page_zeros(int[] sizes, ScalarType? dtype=None) -> Tensor", &huge_page_zeros_op);
 
     m.def("linear(Tensor x, Tensor? plain, Tensor? packed, Tensor? bias, int n, int gemv_max_rows) -> Tensor");
