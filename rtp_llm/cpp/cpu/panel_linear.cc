@@ -329,11 +329,11 @@ struct alignas(64) TileConfig {
     uint8_t rows[16] = {};
 };
 
-// tiles 0-2: C (rows x 16 fp32), 3: A (rows x 16 pairs), 4-6: B (16 pairs x 16 columns)
+// tiles 0-5: C (rows x 16 fp32), 6: A (rows x 16 pairs), 7: B (16 pairs x 16 columns)
 RTP_AMX void amx_configure(int rows) {
     TileConfig c;
-    for (int t = 0; t < 7; ++t) {
-        c.rows[t] = static_cast<uint8_t>(t < 4 ? rows : kAmxPairs);
+    for (int t = 0; t < 8; ++t) {
+        c.rows[t] = static_cast<uint8_t>(t < 7 ? rows : kAmxPairs);
         c.colsb[t] = 64;
     }
     _tile_loadconfig(&c);
@@ -341,31 +341,62 @@ RTP_AMX void amx_configure(int rows) {
 
 RTP_AMX void amx_release() { _tile_release(); }
 
-// `rows` rows of x (row stride `pairs`; the configured tile rows are read) by the pair panel `pan` into out's
-// columns [0, cols) through tile()'s epilogues; `lines` cache lines from `prefetch` requested meanwhile.
+// Row blocks of x (16 configured tile rows each, row stride `pairs`; x1 null: one block) by the pair panel `pan`:
+// C tiles 0-2 the first block's 48 columns, 3-5 the second's; each B tile (7) meets both blocks' A tiles (6), so
+// the panel is read once per 32 rows. Out through tile()'s epilogues: `rows` rows from out onward.
 template <typename E, bool Gated>
-RTP_AMX void amx_block(const uint32_t* pan, const uint32_t* x, int64_t pairs, int rows, const float* bias,
-                       typename E::Out* out, int64_t ldo, int cols, int exact_from, const char* prefetch,
-                       int64_t lines, float* cbuf) {
+RTP_AMX void amx_block(const uint32_t* pan, const uint32_t* x0, const uint32_t* x1, int64_t pairs, int rows,
+                       const float* bias, typename E::Out* out, int64_t ldo, int cols, int exact_from,
+                       const char* prefetch, int64_t lines, float* cbuf) {
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
-    const int64_t steps = pairs / kAmxPairs, per_step = (lines + steps - 1) / steps;
+    if (x1) {
+        _tile_zero(3);
+        _tile_zero(4);
+        _tile_zero(5);
+    }
+    const int64_t steps = pairs / kAmxPairs, per_step = (lines + steps - 1) / steps, lda = pairs * 4;
+    constexpr int64_t ldb = kPanelCols * 4;
     int64_t next = 0;
     for (int64_t s = 0; s < steps; ++s) {
         for (int64_t j = 0; j < per_step && next < lines; ++j, ++next) __builtin_prefetch(prefetch + 64 * next, 0, 2);
         const uint32_t* b = pan + s * kAmxPairs * kPanelCols;
-        _tile_loadd(3, x + s * kAmxPairs, pairs * 4);
-        _tile_loadd(4, b, kPanelCols * 4);
-        _tile_loadd(5, b + 16, kPanelCols * 4);
-        _tile_loadd(6, b + 32, kPanelCols * 4);
-        _tile_dpbf16ps(0, 3, 4);
-        _tile_dpbf16ps(1, 3, 5);
-        _tile_dpbf16ps(2, 3, 6);
+        const uint32_t *a0 = x0 + s * kAmxPairs, *a1 = x1 + s * kAmxPairs;
+        if (x1) {
+            _tile_loadd(7, b, ldb);
+            _tile_loadd(6, a0, lda);
+            _tile_dpbf16ps(0, 6, 7);
+            _tile_loadd(6, a1, lda);
+            _tile_dpbf16ps(3, 6, 7);
+            _tile_loadd(7, b + 16, ldb);
+            _tile_loadd(6, a0, lda);
+            _tile_dpbf16ps(1, 6, 7);
+            _tile_loadd(6, a1, lda);
+            _tile_dpbf16ps(4, 6, 7);
+            _tile_loadd(7, b + 32, ldb);
+            _tile_loadd(6, a0, lda);
+            _tile_dpbf16ps(2, 6, 7);
+            _tile_loadd(6, a1, lda);
+            _tile_dpbf16ps(5, 6, 7);
+        } else {
+            _tile_loadd(6, a0, lda);
+            _tile_loadd(7, b, ldb);
+            _tile_dpbf16ps(0, 6, 7);
+            _tile_loadd(7, b + 16, ldb);
+            _tile_dpbf16ps(1, 6, 7);
+            _tile_loadd(7, b + 32, ldb);
+            _tile_dpbf16ps(2, 6, 7);
+        }
     }
-    _tile_stored(0, cbuf, kPanelCols * 4);
-    _tile_stored(1, cbuf + 16, kPanelCols * 4);
-    _tile_stored(2, cbuf + 32, kPanelCols * 4);
+    _tile_stored(0, cbuf, ldb);
+    _tile_stored(1, cbuf + 16, ldb);
+    _tile_stored(2, cbuf + 32, ldb);
+    if (x1) {
+        _tile_stored(3, cbuf + kAmxRows * kPanelCols, ldb);
+        _tile_stored(4, cbuf + kAmxRows * kPanelCols + 16, ldb);
+        _tile_stored(5, cbuf + kAmxRows * kPanelCols + 32, ldb);
+    }
     for (int r = 0; r < rows; ++r) {
         __m512 acc[1][3];
         for (int c = 0; c < 3; ++c) acc[0][c] = _mm512_load_ps(cbuf + r * kPanelCols + 16 * c);
@@ -392,26 +423,29 @@ void amx_linear_any(const uint32_t* panels, const uint32_t* x, const float* bias
         tail.assign(kAmxRows * pairs, 0u);
         std::memcpy(tail.data(), x + whole * pairs, static_cast<size_t>((m - whole) * pairs) * 4);
     }
-    static_assert(kRowChunk % kAmxRows == 0, "row chunks of whole blocks");
+    static_assert(kRowChunk % (2 * kAmxRows) == 0, "row chunks of whole blocks");
     for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
         const int64_t rows = std::min(kRowChunk, m - r0);
         const bool last = r0 + rows >= m;
         parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
             amx_configure(tile_rows);
-            alignas(64) float cbuf[kAmxRows * kPanelCols];
+            alignas(64) float cbuf[2 * kAmxRows * kPanelCols];
             for (int64_t q = begin; q < end; ++q) {
                 const NextPanel next = next_panel(panels, pairs, q, end, last, after);
                 const int cols = static_cast<int>(std::min<int64_t>(oc, n - q * oc));
                 const int exact_from = static_cast<int>(std::min<int64_t>(oc, (n & ~int64_t{7}) - q * oc));
-                const int64_t blocks = (rows + kAmxRows - 1) / kAmxRows;
+                const int64_t blocks = (rows + 2 * kAmxRows - 1) / (2 * kAmxRows);
                 const int64_t per_block = next.panel ? (next.lines + blocks - 1) / blocks : 0;
                 int64_t line = 0;
-                for (int64_t r = r0; r < r0 + rows; r += kAmxRows) {
+                auto rows_at = [&](int64_t r) { return r >= whole ? tail.data() : x + r * pairs; };
+                for (int64_t r = r0; r < r0 + rows; r += 2 * kAmxRows) {
                     const int64_t lines = std::max<int64_t>(0, std::min(per_block, next.lines - line));
-                    amx_block<E, Gated>(panels + q * pairs * kPanelCols, r >= whole ? tail.data() : x + r * pairs,
-                                        pairs, static_cast<int>(std::min(kAmxRows, r0 + rows - r)),
-                                        bias ? bias + q * kPanelCols : nullptr, out + r * n + q * oc, n, cols,
-                                        exact_from, lines ? next.panel + line * 64 : nullptr, lines, cbuf);
+                    const int64_t br = std::min(2 * kAmxRows, r0 + rows - r);
+                    amx_block<E, Gated>(panels + q * pairs * kPanelCols, rows_at(r),
+                                        br > kAmxRows ? rows_at(r + kAmxRows) : nullptr, pairs,
+                                        static_cast<int>(br), bias ? bias + q * kPanelCols : nullptr,
+                                        out + r * n + q * oc, n, cols, exact_from,
+                                        lines ? next.panel + line * 64 : nullptr, lines, cbuf);
                     line += lines;
                 }
             }

@@ -485,6 +485,50 @@ def test_oneDNN_and_gemv_paths_on_an_avx512_cpu():
     assert " passed" in proc.stdout and " skipped" not in proc.stdout, proc.stdout[-2000:]
 
 
+def test_bf16_panels_run_on_amx_tiles_where_the_cpu_has_them():
+    """On a CPU with AMX (amx_bf16) every bf16 panel GEMM whose K is a multiple of 32 runs TDPBF16PS, whose tile
+    step sums its products without rounding after each (measured; vdpbf16ps rounds after every product): the row
+    [2^24, 1, -2^24, 0, ...] . [1, ..., 1] is the exact 1 there and 0 on vdpbf16ps (2^24 + 1 rounds to 2^24
+    first). Rows stay independent of the batch on either (the panel test above; the engine's batch tests)."""
+    k_ops = CpuOps().kernels
+    if not k_ops.cpu_avx512_bf16():
+        pytest.skip("no bf16 panels on this CPU")
+    amx = k_ops.cpu_amx_bf16()
+    for k in (32, 576):  # K % 32 == 0: the tiles (with AMX)
+        x = torch.zeros(3, k, dtype=torch.bfloat16)
+        x[:, :3] = torch.tensor([2.0 ** 24, 1.0, -(2.0 ** 24)])
+        w = torch.ones(50, k, dtype=torch.bfloat16)
+        out = k_ops.panel_linear(x, k_ops.pack_panels(w), None, 50)
+        assert torch.equal(out, torch.full_like(out, 1.0 if amx else 0.0)), (k, amx, out[0, :4])
+        gated = k_ops.panel_linear_silu(x, k_ops.pack_gated_panels(w), None, 25)
+        want = torch.nn.functional.silu(torch.tensor(1.0 if amx else 0.0)) * (1.0 if amx else 0.0)
+        assert torch.equal(gated, torch.full_like(gated, want).bfloat16()), (k, amx, gated[0, :4])
+    x = torch.zeros(1, 48, dtype=torch.bfloat16)  # K = 48: not whole tile steps, the vdpbf16ps tiles either way
+    x[0, :3] = torch.tensor([2.0 ** 24, 1.0, -(2.0 ** 24)])
+    assert k_ops.panel_linear(x, k_ops.pack_panels(torch.ones(16, 48, dtype=torch.bfloat16)), None, 16).eq(0).all()
+
+
+def test_vdpbf16ps_paths_on_an_amx_cpu():
+    """RTP_LLM_CPU_NO_AMX=1 gives what an avx512_bf16 CPU without AMX runs (the vdpbf16ps tiles): this file's
+    panel, gated and linear-layer tests and the test above in a process of their own."""
+    import os
+    import subprocess
+    import sys
+
+    if not CpuOps().kernels.cpu_amx_bf16():
+        pytest.skip("no AMX on this CPU: the tests above ran the vdpbf16ps tiles")
+
+    env = dict(os.environ, RTP_LLM_CPU_NO_AMX="1", PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "panel or gated or packed or fused_layers or amx_tiles"], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout, proc.stdout[-2000:]
+    probe = subprocess.run([sys.executable, "-c", "import rtp_llm._native as n; print(n.ops().cpu_amx_bf16())"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert probe.stdout.strip() == "False", probe.stdout + probe.stderr
+
+
 def test_prefill_mlp_in_row_pieces_is_bit_identical():
     """A prefill's MLP runs in pieces of MLP_ROWS rows (its gate_up output then stays in cache); every kernel
     treats rows independently, so the pieces give exactly the unsplit result, which matches float64."""
