@@ -329,11 +329,12 @@ struct alignas(64) TileConfig {
     uint8_t rows[16] = {};
 };
 
-// tiles 0-5: C (rows x 16 fp32), 6: A (rows x 16 pairs), 7: B (16 pairs x 16 columns)
+// Calls of up to 16 rows: tiles 0-2 C (rows x 16 fp32), 3 A (rows x 16 pairs), 4-6 B (16 pairs x 16 columns);
+// more rows: 16-row tiles, 0-3 C, 4-5 A, 6-7 B.
 RTP_AMX void amx_configure(int rows) {
     TileConfig c;
     for (int t = 0; t < 8; ++t) {
-        c.rows[t] = static_cast<uint8_t>(t < 7 ? rows : kAmxPairs);
+        c.rows[t] = static_cast<uint8_t>(t < 4 ? rows : kAmxPairs);
         c.colsb[t] = 64;
     }
     _tile_loadconfig(&c);
@@ -341,62 +342,10 @@ RTP_AMX void amx_configure(int rows) {
 
 RTP_AMX void amx_release() { _tile_release(); }
 
-// Row blocks of x (16 configured tile rows each, row stride `pairs`; x1 null: one block) by the pair panel `pan`:
-// C tiles 0-2 the first block's 48 columns, 3-5 the second's; each B tile (7) meets both blocks' A tiles (6), so
-// the panel is read once per 32 rows. Out through tile()'s epilogues: `rows` rows from out onward.
+// The epilogue: C tiles stored to cbuf ([rows, 48] fp32), then tile()'s stores (+ bias, rounding, SiLU).
 template <typename E, bool Gated>
-RTP_AMX void amx_block(const uint32_t* pan, const uint32_t* x0, const uint32_t* x1, int64_t pairs, int rows,
-                       const float* bias, typename E::Out* out, int64_t ldo, int cols, int exact_from,
-                       const char* prefetch, int64_t lines, float* cbuf) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    if (x1) {
-        _tile_zero(3);
-        _tile_zero(4);
-        _tile_zero(5);
-    }
-    const int64_t steps = pairs / kAmxPairs, per_step = (lines + steps - 1) / steps, lda = pairs * 4;
-    constexpr int64_t ldb = kPanelCols * 4;
-    int64_t next = 0;
-    for (int64_t s = 0; s < steps; ++s) {
-        for (int64_t j = 0; j < per_step && next < lines; ++j, ++next) __builtin_prefetch(prefetch + 64 * next, 0, 2);
-        const uint32_t* b = pan + s * kAmxPairs * kPanelCols;
-        const uint32_t *a0 = x0 + s * kAmxPairs, *a1 = x1 + s * kAmxPairs;
-        if (x1) {
-            _tile_loadd(7, b, ldb);
-            _tile_loadd(6, a0, lda);
-            _tile_dpbf16ps(0, 6, 7);
-            _tile_loadd(6, a1, lda);
-            _tile_dpbf16ps(3, 6, 7);
-            _tile_loadd(7, b + 16, ldb);
-            _tile_loadd(6, a0, lda);
-            _tile_dpbf16ps(1, 6, 7);
-            _tile_loadd(6, a1, lda);
-            _tile_dpbf16ps(4, 6, 7);
-            _tile_loadd(7, b + 32, ldb);
-            _tile_loadd(6, a0, lda);
-            _tile_dpbf16ps(2, 6, 7);
-            _tile_loadd(6, a1, lda);
-            _tile_dpbf16ps(5, 6, 7);
-        } else {
-            _tile_loadd(6, a0, lda);
-            _tile_loadd(7, b, ldb);
-            _tile_dpbf16ps(0, 6, 7);
-            _tile_loadd(7, b + 16, ldb);
-            _tile_dpbf16ps(1, 6, 7);
-            _tile_loadd(7, b + 32, ldb);
-            _tile_dpbf16ps(2, 6, 7);
-        }
-    }
-    _tile_stored(0, cbuf, ldb);
-    _tile_stored(1, cbuf + 16, ldb);
-    _tile_stored(2, cbuf + 32, ldb);
-    if (x1) {
-        _tile_stored(3, cbuf + kAmxRows * kPanelCols, ldb);
-        _tile_stored(4, cbuf + kAmxRows * kPanelCols + 16, ldb);
-        _tile_stored(5, cbuf + kAmxRows * kPanelCols + 32, ldb);
-    }
+RTP_AVX512_BF16 void amx_store(const float* cbuf, int rows, const float* bias, typename E::Out* out, int64_t ldo,
+                               int cols, int exact_from) {
     for (int r = 0; r < rows; ++r) {
         __m512 acc[1][3];
         for (int c = 0; c < 3; ++c) acc[0][c] = _mm512_load_ps(cbuf + r * kPanelCols + 16 * c);
@@ -407,8 +356,80 @@ RTP_AMX void amx_block(const uint32_t* pan, const uint32_t* x0, const uint32_t* 
     }
 }
 
-// panel_linear_any on AMX (pairs % 32 == 0): row chunks, panels split across threads, each panel by the chunk's
-// blocks of 16 rows. Up to 16 rows the tiles are configured with m rows; past that the rows after the last
+// Up to 16 rows (the configured tile rows, row stride `pairs`) by the pair panel `pan`: per 32 k one A tile and
+// the three B tiles of the panel's 48 columns. `lines` cache lines from `prefetch` requested meanwhile.
+RTP_AMX void amx_rows16(const uint32_t* pan, const uint32_t* x, int64_t pairs, const char* prefetch, int64_t lines,
+                        float* cbuf) {
+    constexpr int64_t ldb = kPanelCols * 4;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    const int64_t steps = pairs / kAmxPairs, per_step = (lines + steps - 1) / steps;
+    int64_t next = 0;
+    for (int64_t s = 0; s < steps; ++s) {
+        for (int64_t j = 0; j < per_step && next < lines; ++j, ++next) __builtin_prefetch(prefetch + 64 * next, 0, 2);
+        const uint32_t* b = pan + s * kAmxPairs * kPanelCols;
+        _tile_loadd(3, x + s * kAmxPairs, pairs * 4);
+        _tile_loadd(4, b, ldb);
+        _tile_loadd(5, b + 16, ldb);
+        _tile_loadd(6, b + 32, ldb);
+        _tile_dpbf16ps(0, 3, 4);
+        _tile_dpbf16ps(1, 3, 5);
+        _tile_dpbf16ps(2, 3, 6);
+    }
+    _tile_stored(0, cbuf, ldb);
+    _tile_stored(1, cbuf + 16, ldb);
+    _tile_stored(2, cbuf + 32, ldb);
+}
+
+// 32 rows (two 16-row tiles x0, x1; x1 null: x0's 16 alone) by the panel: its columns 0-31 as 2 x 2 C tiles
+// (each A and B tile meets two others), then columns 32-47 as 2 x 1, so each B tile is read once per 32 rows
+// and no tile is reloaded while an instruction still reads it.
+RTP_AMX void amx_rows32(const uint32_t* pan, const uint32_t* x0, const uint32_t* x1, int64_t pairs,
+                        const char* prefetch, int64_t lines, float* cbuf) {
+    constexpr int64_t ldb = kPanelCols * 4, half = kAmxRows * kPanelCols;
+    const int64_t steps = pairs / kAmxPairs, lda = pairs * 4, per_step = (lines + 2 * steps - 1) / (2 * steps);
+    int64_t next = 0;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t s = 0; s < steps; ++s) {
+        for (int64_t j = 0; j < per_step && next < lines; ++j, ++next) __builtin_prefetch(prefetch + 64 * next, 0, 2);
+        const uint32_t* b = pan + s * kAmxPairs * kPanelCols;
+        _tile_loadd(4, x0 + s * kAmxPairs, lda);
+        _tile_loadd(6, b, ldb);
+        _tile_loadd(7, b + 16, ldb);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if (x1) {
+            _tile_loadd(5, x1 + s * kAmxPairs, lda);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, cbuf, ldb);
+    _tile_stored(1, cbuf + 16, ldb);
+    _tile_stored(2, cbuf + half, ldb);
+    _tile_stored(3, cbuf + half + 16, ldb);
+    _tile_zero(0);
+    _tile_zero(2);
+    for (int64_t s = 0; s < steps; ++s) {
+        for (int64_t j = 0; j < per_step && next < lines; ++j, ++next) __builtin_prefetch(prefetch + 64 * next, 0, 2);
+        _tile_loadd(4, x0 + s * kAmxPairs, lda);
+        _tile_loadd(6, pan + s * kAmxPairs * kPanelCols + 32, ldb);
+        _tile_dpbf16ps(0, 4, 6);
+        if (x1) {
+            _tile_loadd(5, x1 + s * kAmxPairs, lda);
+            _tile_dpbf16ps(2, 5, 6);
+        }
+    }
+    _tile_stored(0, cbuf + 32, ldb);
+    _tile_stored(2, cbuf + half + 32, ldb);
+}
+
+// panel_linear_any on AMX (pairs % 16 == 0): row chunks, panels split across threads, each panel by the chunk's
+// blocks of 32 rows. Up to 16 rows the tiles are configured with m rows; past that the rows after the last
 // whole 16 are copied into 16 zero-padded rows.
 template <typename E, bool Gated = false>
 void amx_linear_any(const uint32_t* panels, const uint32_t* x, const float* bias, typename E::Out* out, int64_t m,
@@ -438,14 +459,18 @@ void amx_linear_any(const uint32_t* panels, const uint32_t* x, const float* bias
                 const int64_t per_block = next.panel ? (next.lines + blocks - 1) / blocks : 0;
                 int64_t line = 0;
                 auto rows_at = [&](int64_t r) { return r >= whole ? tail.data() : x + r * pairs; };
+                const uint32_t* pan = panels + q * pairs * kPanelCols;
                 for (int64_t r = r0; r < r0 + rows; r += 2 * kAmxRows) {
                     const int64_t lines = std::max<int64_t>(0, std::min(per_block, next.lines - line));
-                    const int64_t br = std::min(2 * kAmxRows, r0 + rows - r);
-                    amx_block<E, Gated>(panels + q * pairs * kPanelCols, rows_at(r),
-                                        br > kAmxRows ? rows_at(r + kAmxRows) : nullptr, pairs,
-                                        static_cast<int>(br), bias ? bias + q * kPanelCols : nullptr,
-                                        out + r * n + q * oc, n, cols, exact_from,
-                                        lines ? next.panel + line * 64 : nullptr, lines, cbuf);
+                    const char* pf = lines ? next.panel + line * 64 : nullptr;
+                    const int br = static_cast<int>(std::min(2 * kAmxRows, r0 + rows - r));
+                    if (m <= kAmxRows)
+                        amx_rows16(pan, x, pairs, pf, lines, cbuf);
+                    else
+                        amx_rows32(pan, rows_at(r), br > kAmxRows ? rows_at(r + kAmxRows) : nullptr, pairs, pf,
+                                   lines, cbuf);
+                    amx_store<E, Gated>(cbuf, br, bias ? bias + q * kPanelCols : nullptr, out + r * n + q * oc, n,
+                                        cols, exact_from);
                     line += lines;
                 }
             }
