@@ -37,9 +37,17 @@ def llama_b1(binary: str, gguf: str, new_tokens: int) -> dict:
 
 def llama_w(binary: str, gguf: str, w) -> dict:
     ctx = w.num_prompts * (w.prompt_len + w.new_tokens)
-    out = subprocess.run([binary, "-m", gguf, "-t", "2", "-c", str(ctx), "-npp", str(w.prompt_len), "-ntg",
-                          str(w.new_tokens), "-npl", str(w.num_prompts), "--output-format", "jsonl"],
-                         capture_output=True, text=True, check=True, env=peer_environ()).stdout
+    cmd = [binary, "-m", gguf, "-t", "2", "-c", str(ctx), "-npp", str(w.prompt_len), "-ntg", str(w.new_tokens),
+           "-npl", str(w.num_prompts), "--output-format", "jsonl"]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=peer_environ())
+    if run.returncode < 0:
+        # llama.cpp's repacked CPU weights crash llama-batched-bench on some CPUs (SIGSEGV on an AMX Xeon VM,
+        # 2026-12): the same run on the file's own layout, said so in the output
+        print(f"llama-batched-bench died ({run.returncode}); rerun with --no-repack", flush=True)
+        run = subprocess.run(cmd + ["--no-repack"], capture_output=True, text=True, env=peer_environ())
+    if run.returncode != 0:
+        raise subprocess.CalledProcessError(run.returncode, cmd, run.stdout, run.stderr)
+    out = run.stdout
     row = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
     return {"tok_s": w.num_prompts * w.new_tokens / row["t"], "gen_tok_s": row["speed_tg"]}
 
