@@ -81,8 +81,10 @@ def test_panel_kernel_matches_float64_and_each_row_is_independent_of_the_others(
     g = torch.Generator().manual_seed(7)
     # float32: the float64 result to 1e-5; bf16: one rounding of the output (2^-8 relative) on top of fp32 sums
     tol = dict(atol=1e-4, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=2 ** -7)
-    for m, n, k in ((1, 960, 576), (3, 7, 13), (8, 48, 1536), (17, 50, 37), (33, 97, 576), (70, 576, 64),
-                    (200, 130, 100), (1, 49152, 64)):
+    # K % 32 == 0 with 1-16 rows, a second 16-row block cut short (20), a lone last block (33, 70) and a row
+    # chunk's tail (200 x 128): every path of the AMX tiles where the CPU has them
+    for m, n, k in ((1, 960, 576), (3, 7, 13), (8, 48, 1536), (17, 50, 37), (20, 50, 96), (33, 97, 576),
+                    (70, 576, 64), (200, 130, 100), (200, 130, 128), (1, 49152, 64)):
         x, w, b = (torch.randn(*s, generator=g).to(dtype) for s in ((m, k), (n, k), (n,)))
         panels = k_ops.pack_panels(w)
         steps = k if dtype == torch.float32 else (k + 1) // 2
