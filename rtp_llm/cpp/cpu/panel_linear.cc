@@ -13,8 +13,8 @@
 // of x. Summation order, per output: one FMA chain over k in order, from zero, then + bias. It does not
 // depend on the row count, the row blocking or the thread split, so a sequence's result is the same whatever
 // else shares its step (decode, prefill, any batch).
-#include "rtp_llm/cpp/cpu/cpu_features.h"
 #include "rtp_llm/cpp/cpu/ops.h"
+#include "rtp_llm/cpp/cpu/panel_tiles.h"
 #include "rtp_llm/cpp/cpu/work_pool.h"
 #include "rtp_llm/cpp/memory/huge_pages.h"
 
@@ -28,16 +28,18 @@
 #include <vector>
 
 namespace rtp_llm {
+namespace panel {
 namespace {
 
-// The GEMM that follows this thread's panel GEMMs (PanelsAfter): its panels' base, bytes per panel, count.
-struct Following {
-    const char* base = nullptr;
-    int64_t panel_bytes = 0, panels = 0;
-};
 thread_local Following t_following;
 
 }  // namespace
+
+Following following_gemm() { return t_following; }
+
+}  // namespace panel
+
+using panel::t_following;
 }  // namespace rtp_llm
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -46,76 +48,9 @@ thread_local Following t_following;
 namespace rtp_llm {
 namespace {
 
+using namespace panel;
+
 constexpr int64_t kMaxBlockRows = 8;
-// Rows multiplied by one panel before the next: their x rows (192 x K floats) stay in L2 while every panel
-// passes, instead of all of a 4096-row prefill's x being re-read from L3 per panel. (Between 48 and 384 rows the
-// chunk made no measurable difference; wide outputs such as gate_up at 4096 rows stay slower than the other
-// shapes, which is why CpuOps.mlp splits a prefill's rows.)
-constexpr int64_t kRowChunk = 192;
-
-// The two element kinds. Fp32: a panel row is 48 floats per k, x a float per k, one FMA per product. Bf16:
-// a panel row is 48 pairs of bf16 (k = 2i low half, 2i + 1 high half) per pair step i, x a pair of bf16 per
-// step, vdpbf16ps adds both exact products to the fp32 accumulator (high then low, each rounded once).
-struct Fp32 {
-    using W = float;
-    using X = float;
-    using Out = float;
-    RTP_AVX512 static __attribute__((always_inline)) inline void step(__m512& acc, __m512 w, X x) {
-        acc = _mm512_fmadd_ps(w, _mm512_set1_ps(x), acc);
-    }
-    RTP_AVX512 static __attribute__((always_inline)) inline __m512 load(const W* p) { return _mm512_loadu_ps(p); }
-    RTP_AVX512 static inline void store(Out* out, __mmask16 mask, __m512 v) { _mm512_mask_storeu_ps(out, mask, v); }
-};
-
-struct Bf16Pairs {
-    using W = uint32_t;
-    using X = uint32_t;
-    using Out = c10::BFloat16;
-    RTP_AVX512_BF16 static __attribute__((always_inline)) inline void step(__m512& acc, __m512 w, X x) {
-        acc = _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_set1_epi32(static_cast<int>(x)));
-    }
-    RTP_AVX512_BF16 static __attribute__((always_inline)) inline __m512 load(const W* p) {
-        return _mm512_castsi512_ps(_mm512_loadu_si512(p));
-    }
-    // Round to nearest even, as c10::BFloat16 does (the instruction also flushes denormals to zero).
-    RTP_AVX512_BF16 static inline void store(Out* out, __mmask16 mask, __m512 v) {
-        _mm256_mask_storeu_epi16(out, mask, (__m256i)_mm512_cvtneps_pbh(v));
-    }
-};
-
-// The SiLU-gated epilogue (tile with Gated) rounds where activation.cc's inputs and outputs were rounded
-// when gate_up and the activation were separate kernels, so that fusing them changes no bit:
-// as_stored: gate_up's value as the store above leaves it; round_act / store_act: silu_and_mul's rounding of
-// silu(gate) before the product and of the product (bf16: round to nearest even on the bits, as
-// vec::store8 does, denormals kept).
-
-struct Fp32Act {
-    RTP_AVX512 static inline __m512 as_stored(__m512 v) { return v; }
-    RTP_AVX512 static inline __m512 round_act(__m512 v) { return v; }
-    RTP_AVX512 static inline void store_act(float* out, __mmask16 mask, __m512 v) {
-        _mm512_mask_storeu_ps(out, mask, v);
-    }
-};
-
-struct Bf16Act {
-    RTP_AVX512_BF16 static inline __m512 as_stored(__m512 v) {
-        const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-    RTP_AVX512 static inline __m512 round_act(__m512 v) { return _mm512_castsi512_ps(avx512::bf16_rne_bits(v)); }
-    RTP_AVX512 static inline void store_act(c10::BFloat16* out, __mmask16 mask, __m512 v) {
-        _mm256_mask_storeu_epi16(out, mask, _mm512_cvtepi32_epi16(_mm512_srli_epi32(avx512::bf16_rne_bits(v), 16)));
-    }
-};
-
-template <typename Out>
-using ActOf = std::conditional_t<std::is_same_v<Out, float>, Fp32Act, Bf16Act>;
-
-// The same products kept in float32 (the greedy head's screen needs its values unrounded).
-struct Bf16PairsFloatOut : Bf16Pairs {
-    using Out = float;
-    RTP_AVX512_BF16 static inline void store(Out* out, __mmask16 mask, __m512 v) { _mm512_mask_storeu_ps(out, mask, v); }
-};
 
 // acc[r][c] += panel row i (48 columns) * x[r, i] for the MR rows.
 template <typename E, int MR>
@@ -129,56 +64,6 @@ RTP_AVX512_BF16 __attribute__((always_inline)) inline void k_step(const typename
         E::step(acc[r][0], w0, xv);
         E::step(acc[r][1], w1, xv);
         E::step(acc[r][2], w2, xv);
-    }
-}
-
-// The Gated epilogue of tile(): lanes of acc[r] = panel columns 0-15 | 16-31 | 32-47, gate = columns 0-23,
-// up = 24-47. x / (1 + exp(-x)) with exp16, the formula and exp of activation.cc's vector loop.
-template <typename E, int MR>
-RTP_AVX512_BF16 __attribute__((always_inline)) inline void gated_store(__m512 (&acc)[MR][3], const float* bias,
-                                                                      typename E::Out* out, int64_t ldo, int cols,
-                                                                      int exact_from) {
-    using Act = ActOf<typename E::Out>;
-    const __m512i up_lo_idx = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23);
-    const __m512 one = _mm512_set1_ps(1.f);
-    const __mmask16 mask_lo = static_cast<__mmask16>(cols >= 16 ? 0xffff : (1u << std::max(cols, 0)) - 1);
-    const __mmask16 mask_hi = static_cast<__mmask16>(cols > 16 ? (1u << (cols - 16)) - 1 : 0);
-    for (int r = 0; r < MR; ++r) {
-        __m512 v[3];
-        for (int c = 0; c < 3; ++c)
-            v[c] = Act::as_stored(bias ? _mm512_add_ps(acc[r][c], _mm512_loadu_ps(bias + 16 * c)) : acc[r][c]);
-        // gate 0-15 | up 0-15, and gate 16-23 | up 16-23 in the low 8 lanes
-        const __m512 g_lo = v[0], u_lo = _mm512_permutex2var_ps(v[1], up_lo_idx, v[2]);
-        const __m512 g_hi = v[1], u_hi = _mm512_shuffle_f32x4(v[2], v[2], 0xee);
-        typename E::Out* o = out + r * ldo;
-        for (int h = 0; h < 2; ++h) {
-            const __m512 g = h ? g_hi : g_lo, u = h ? u_hi : u_lo;
-            const __m512 e = avx512::exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-            const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, e));
-            Act::store_act(o + 16 * h, h ? mask_hi : mask_lo, _mm512_mul_ps(Act::round_act(silu), u));
-        }
-        if (exact_from < cols) {  // activation.cc's scalar tail
-            alignas(64) float g[32], u[32];
-            _mm512_store_ps(g, g_lo), _mm512_store_ps(g + 16, g_hi);
-            _mm512_store_ps(u, u_lo), _mm512_store_ps(u + 16, u_hi);
-            using T = typename E::Out;
-            for (int j = std::max(exact_from, 0); j < cols; ++j)
-                o[j] = static_cast<T>(vec::round_as<T>(g[j] / (1.f + std::exp(-g[j]))) * u[j]);
-        }
-    }
-}
-
-// The plain epilogue of tile(): acc (+ bias) into out's columns [0, cols) of MR rows.
-template <typename E, int MR>
-RTP_AVX512_BF16 __attribute__((always_inline)) inline void plain_store(__m512 (&acc)[MR][3], const float* bias,
-                                                                      typename E::Out* out, int64_t ldo, int cols) {
-    for (int c = 0; c < 3; ++c) {
-        const int valid = std::clamp(cols - 16 * c, 0, 16);
-        if (valid == 0) break;
-        const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
-        const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + 16 * c) : _mm512_setzero_ps();
-        for (int r = 0; r < MR; ++r)
-            E::store(out + r * ldo + 16 * c, mask, bias ? _mm512_add_ps(acc[r][c], b) : acc[r][c]);
     }
 }
 
@@ -227,18 +112,6 @@ constexpr TileFn<E> kTiles[kMaxBlockRows + 1] = {nullptr,           &tile<E, 1, 
                                                  &tile<E, 3, G>,    &tile<E, 4, G>, &tile<E, 5, G>,
                                                  &tile<E, 6, G>,    &tile<E, 7, G>, &tile<E, 8, G>};
 
-// Output columns per panel: 48, or 24 activations of a gated panel.
-template <bool Gated>
-constexpr int64_t kOutCols = Gated ? kPanelCols / 2 : kPanelCols;
-
-// The panel a thread multiplies after the current one, whose lines it requests meanwhile: the next in its
-// chunk, the first of the chunk it will likely claim next, or of the GEMM that follows (q -1: its output
-// block is unknown). panel null: none.
-struct NextPanel {
-    const char* panel = nullptr;
-    int64_t lines = 0, q = -1;
-};
-
 // Rows x[0, rows) by the panel `pan` into out's columns [0, cols) (row stride ldo; bias at those columns), in
 // blocks of at most 8 rows as even as possible (17 rows: 6 + 6 + 5, not 8 + 8 + 1, whose one-row block would be
 // load-bound). With several blocks `lines` cache lines from `prefetch` (the next panel) are requested across
@@ -280,24 +153,11 @@ void panel_rows(const typename E::W* panels, const typename E::X* x, const float
                          next.q >= 0 ? out + r0 * n + next.q * oc : nullptr);
 }
 
-// The panel after q in this thread's chunk [.., end), else the first of the chunk it will likely claim next, else
-// (the call's last row chunk) the first it will likely take in the GEMM that follows.
-template <typename W>
-NextPanel next_panel(const W* panels, int64_t k, int64_t q, int64_t end, bool last, const Following& after) {
-    const int64_t nq = q + 1 < end ? q + 1 : parallel_for_next_begin();
-    if (nq >= 0) return {reinterpret_cast<const char*>(panels + nq * k * kPanelCols), k * kPanelCols * 4 / 64, nq};
-    if (last && after.base) {
-        const int64_t fq = parallel_for_first_begin(after.panels, 1);
-        if (fq >= 0) return {after.base + fq * after.panel_bytes, after.panel_bytes / 64, -1};
-    }
-    return {};
-}
-
 template <typename E, bool Gated = false>
 void panel_linear_any(const typename E::W* panels, const typename E::X* x, const float* bias, typename E::Out* out,
                       int64_t m, int64_t k, int64_t n) {
     const int64_t np = (n + kOutCols<Gated> - 1) / kOutCols<Gated>;
-    const Following after = t_following;  // the caller's: the pool's threads have their own
+    const Following after = following_gemm();  // the caller's: the pool's threads have their own
     for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
         const int64_t rows = std::min(kRowChunk, m - r0);
         const bool last = r0 + rows >= m;
@@ -311,177 +171,6 @@ void panel_linear_any(const typename E::W* panels, const typename E::X* x, const
         });
     }
 }
-
-// AMX's bf16 tiles on the same pair panels. 16 pair steps of a panel's 16 columns are one B tile in the layout
-// TDPBF16PS reads (row i: each column's (k 2i, k 2i + 1) pair), 16 pair steps of up to 16 x rows one A tile: a
-// block of up to 16 rows by one panel keeps 3 C tiles (48 columns) and takes one A and three B tiles per 32 k.
-// TDPBF16PS does not round after each product as vdpbf16ps does (it sums a tile step's products more exactly;
-// measured here, not documented), so its sums are its own and every row count of a bf16 GEMM runs it: one
-// k order in steps of 32 from zero tiles, then + bias, whatever rows share the call. K must be a multiple of 32.
-#define RTP_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")))
-
-constexpr int64_t kAmxPairs = 16;  // pair steps per tile step (32 k)
-constexpr int64_t kAmxRows = 16;   // rows per block
-
-struct alignas(64) TileConfig {
-    uint8_t palette = 1, start_row = 0, reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-};
-
-// Calls of up to 16 rows: tiles 0-2 C (rows x 16 fp32), 3 A (rows x 16 pairs), 4-6 B (16 pairs x 16 columns);
-// more rows: 16-row tiles, 0-3 C, 4-5 A, 6-7 B.
-RTP_AMX void amx_configure(int rows) {
-    TileConfig c;
-    for (int t = 0; t < 8; ++t) {
-        c.rows[t] = static_cast<uint8_t>(t < 4 ? rows : kAmxPairs);
-        c.colsb[t] = 64;
-    }
-    _tile_loadconfig(&c);
-}
-
-RTP_AMX void amx_release() { _tile_release(); }
-
-// The epilogue: C tiles stored to cbuf ([rows, 48] fp32), then tile()'s stores (+ bias, rounding, SiLU).
-template <typename E, bool Gated>
-RTP_AVX512_BF16 void amx_store(const float* cbuf, int rows, const float* bias, typename E::Out* out, int64_t ldo,
-                               int cols, int exact_from) {
-    for (int r = 0; r < rows; ++r) {
-        __m512 acc[1][3];
-        for (int c = 0; c < 3; ++c) acc[0][c] = _mm512_load_ps(cbuf + r * kPanelCols + 16 * c);
-        if constexpr (Gated)
-            gated_store<E, 1>(acc, bias, out + r * ldo, ldo, cols, exact_from);
-        else
-            plain_store<E, 1>(acc, bias, out + r * ldo, ldo, cols);
-    }
-}
-
-// Up to 16 rows (the configured tile rows, row stride `pairs`) by the pair panel `pan`: per 32 k one A tile and
-// the three B tiles of the panel's 48 columns. `lines` cache lines from `prefetch` requested meanwhile.
-RTP_AMX void amx_rows16(const uint32_t* pan, const uint32_t* x, int64_t pairs, const char* prefetch, int64_t lines,
-                        float* cbuf) {
-    constexpr int64_t ldb = kPanelCols * 4;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    const int64_t steps = pairs / kAmxPairs, per_step = (lines + steps - 1) / steps;
-    int64_t next = 0;
-    for (int64_t s = 0; s < steps; ++s) {
-        for (int64_t j = 0; j < per_step && next < lines; ++j, ++next) __builtin_prefetch(prefetch + 64 * next, 0, 2);
-        const uint32_t* b = pan + s * kAmxPairs * kPanelCols;
-        _tile_loadd(3, x + s * kAmxPairs, pairs * 4);
-        _tile_loadd(4, b, ldb);
-        _tile_loadd(5, b + 16, ldb);
-        _tile_loadd(6, b + 32, ldb);
-        _tile_dpbf16ps(0, 3, 4);
-        _tile_dpbf16ps(1, 3, 5);
-        _tile_dpbf16ps(2, 3, 6);
-    }
-    _tile_stored(0, cbuf, ldb);
-    _tile_stored(1, cbuf + 16, ldb);
-    _tile_stored(2, cbuf + 32, ldb);
-}
-
-// 32 rows (two 16-row tiles x0, x1; x1 null: x0's 16 alone) by the panel: its columns 0-31 as 2 x 2 C tiles
-// (each A and B tile meets two others), then columns 32-47 as 2 x 1, so each B tile is read once per 32 rows
-// and no tile is reloaded while an instruction still reads it.
-RTP_AMX void amx_rows32(const uint32_t* pan, const uint32_t* x0, const uint32_t* x1, int64_t pairs,
-                        const char* prefetch, int64_t lines, float* cbuf) {
-    constexpr int64_t ldb = kPanelCols * 4, half = kAmxRows * kPanelCols;
-    const int64_t steps = pairs / kAmxPairs, lda = pairs * 4, per_step = (lines + 2 * steps - 1) / (2 * steps);
-    int64_t next = 0;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t s = 0; s < steps; ++s) {
-        for (int64_t j = 0; j < per_step && next < lines; ++j, ++next) __builtin_prefetch(prefetch + 64 * next, 0, 2);
-        const uint32_t* b = pan + s * kAmxPairs * kPanelCols;
-        _tile_loadd(4, x0 + s * kAmxPairs, lda);
-        _tile_loadd(6, b, ldb);
-        _tile_loadd(7, b + 16, ldb);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        if (x1) {
-            _tile_loadd(5, x1 + s * kAmxPairs, lda);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
-        }
-    }
-    _tile_stored(0, cbuf, ldb);
-    _tile_stored(1, cbuf + 16, ldb);
-    _tile_stored(2, cbuf + half, ldb);
-    _tile_stored(3, cbuf + half + 16, ldb);
-    _tile_zero(0);
-    _tile_zero(2);
-    for (int64_t s = 0; s < steps; ++s) {
-        for (int64_t j = 0; j < per_step && next < lines; ++j, ++next) __builtin_prefetch(prefetch + 64 * next, 0, 2);
-        _tile_loadd(4, x0 + s * kAmxPairs, lda);
-        _tile_loadd(6, pan + s * kAmxPairs * kPanelCols + 32, ldb);
-        _tile_dpbf16ps(0, 4, 6);
-        if (x1) {
-            _tile_loadd(5, x1 + s * kAmxPairs, lda);
-            _tile_dpbf16ps(2, 5, 6);
-        }
-    }
-    _tile_stored(0, cbuf + 32, ldb);
-    _tile_stored(2, cbuf + half + 32, ldb);
-}
-
-// panel_linear_any on AMX (pairs % 16 == 0): row chunks, panels split across threads, each panel by the chunk's
-// blocks of 32 rows. Up to 16 rows the tiles are configured with m rows; past that the rows after the last
-// whole 16 are copied into 16 zero-padded rows.
-template <typename E, bool Gated = false>
-void amx_linear_any(const uint32_t* panels, const uint32_t* x, const float* bias, typename E::Out* out, int64_t m,
-                    int64_t pairs, int64_t n) {
-    constexpr int64_t oc = kOutCols<Gated>;
-    const int64_t np = (n + oc - 1) / oc;
-    const Following after = t_following;
-    const int tile_rows = static_cast<int>(std::min(m, kAmxRows));
-    const int64_t whole = m > kAmxRows ? m / kAmxRows * kAmxRows : m;
-    std::vector<uint32_t> tail;
-    if (whole < m) {
-        tail.assign(kAmxRows * pairs, 0u);
-        std::memcpy(tail.data(), x + whole * pairs, static_cast<size_t>((m - whole) * pairs) * 4);
-    }
-    static_assert(kRowChunk % (2 * kAmxRows) == 0, "row chunks of whole blocks");
-    for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
-        const int64_t rows = std::min(kRowChunk, m - r0);
-        const bool last = r0 + rows >= m;
-        parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
-            amx_configure(tile_rows);
-            alignas(64) float cbuf[2 * kAmxRows * kPanelCols];
-            for (int64_t q = begin; q < end; ++q) {
-                const NextPanel next = next_panel(panels, pairs, q, end, last, after);
-                const int cols = static_cast<int>(std::min<int64_t>(oc, n - q * oc));
-                const int exact_from = static_cast<int>(std::min<int64_t>(oc, (n & ~int64_t{7}) - q * oc));
-                const int64_t blocks = (rows + 2 * kAmxRows - 1) / (2 * kAmxRows);
-                const int64_t per_block = next.panel ? (next.lines + blocks - 1) / blocks : 0;
-                int64_t line = 0;
-                auto rows_at = [&](int64_t r) { return r >= whole ? tail.data() : x + r * pairs; };
-                const uint32_t* pan = panels + q * pairs * kPanelCols;
-                for (int64_t r = r0; r < r0 + rows; r += 2 * kAmxRows) {
-                    const int64_t lines = std::max<int64_t>(0, std::min(per_block, next.lines - line));
-                    const char* pf = lines ? next.panel + line * 64 : nullptr;
-                    const int br = static_cast<int>(std::min(2 * kAmxRows, r0 + rows - r));
-                    if (m <= kAmxRows)
-                        amx_rows16(pan, x, pairs, pf, lines, cbuf);
-                    else
-                        amx_rows32(pan, rows_at(r), br > kAmxRows ? rows_at(r + kAmxRows) : nullptr, pairs, pf,
-                                   lines, cbuf);
-                    amx_store<E, Gated>(cbuf, br, bias ? bias + q * kPanelCols : nullptr, out + r * n + q * oc, n,
-                                        cols, exact_from);
-                    line += lines;
-                }
-            }
-            amx_release();
-        });
-    }
-}
-
-// Whether a bf16 GEMM of `pairs` pair steps runs on AMX: decided by the CPU and the weight's K alone, never by
-// the rows of a call.
-bool amx_panels(int64_t pairs) { return pairs % kAmxPairs == 0 && cpu_amx_bf16(); }
 
 }  // namespace
 
@@ -508,8 +197,8 @@ void panel_block_bf16(const uint32_t* panel, const uint32_t* x_pairs, float* out
 
 void panel_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
                        int64_t m, int64_t pairs, int64_t n) {
-    if (amx_panels(pairs))
-        amx_linear_any<Bf16Pairs>(panels, x_pairs, bias, out, m, pairs, n);
+    if (panel::amx_panels(pairs))
+        panel::amx_linear_bf16(panels, x_pairs, bias, out, m, pairs, n);
     else
         panel_linear_any<Bf16Pairs>(panels, x_pairs, bias, out, m, pairs, n);
 }
@@ -526,8 +215,8 @@ void panel_linear_silu_fp32(const float* panels, const float* x, const float* bi
 
 void panel_linear_silu_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
                             int64_t m, int64_t pairs, int64_t inter) {
-    if (amx_panels(pairs))
-        amx_linear_any<Bf16Pairs, true>(panels, x_pairs, bias, out, m, pairs, inter);
+    if (panel::amx_panels(pairs))
+        panel::amx_linear_silu_bf16(panels, x_pairs, bias, out, m, pairs, inter);
     else
         panel_linear_any<Bf16Pairs, true>(panels, x_pairs, bias, out, m, pairs, inter);
 }
