@@ -14,10 +14,12 @@
 // With gated_mlp, gate_up's copy is in pack_gated_panels' row order (panels or GGUF blocks) and the SiLU runs in
 // its epilogue (linear_silu, as CpuOps.mlp). No tensor parallelism; the KV cache in the model's dtype.
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include <algorithm>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "rtp_llm/cpp/cpu/ops.h"
 
@@ -66,6 +68,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
     const at::Tensor& block_table, const at::Tensor& kv_lens, const std::optional<at::Tensor>& q_starts,
     int64_t num_heads, int64_t num_kv_heads, double eps, double scale, bool gated_mlp, int64_t piece_rows) {
     const int64_t layers = kv.size(0), tokens = x_in.size(0);
+    TORCH_CHECK(layers >= 1, "decoder_layers: no layers");
     TORCH_CHECK(x_in.dim() == 2 && x_in.is_contiguous(), "decoder_layers: x must be contiguous [tokens, hidden]");
     TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * kSlots, "decoder_layers: ", kSlots,
                 " weight slots per layer expected for ", layers, " layers, got ", weights.size());
@@ -88,74 +91,84 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
     const bool prefill = q_starts.has_value() && q_starts->defined();
     const int64_t piece = piece_rows > 0 ? piece_rows : std::max<int64_t>(tokens, 1);
 
-    // x: each layer's input rows (then the down projection's output), residual: the running sum, qkv: the layer's
-    // q | k | v, rotated in place; all [tokens, ...] and reused by every layer. A layer's first half reads x's
-    // pieces before its second half writes them.
+    // x: layer 0's input rows, then the running residual sum (updated in place); out: every later layer's input
+    // rows, written by the layer before's down projection; qkv: the layer's q | k | v, rotated in place; h: a
+    // norm's output; o: the o projection's. All [tokens, ...], made once and reused by every layer, and each
+    // piece's views of them made once (a decode step is one piece: per layer, the tensor bookkeeping of
+    // re-slicing them was a measurable share of its serial time). A layer's first half reads a piece of its
+    // input before its second half writes that piece.
     at::Tensor x = x_in.clone();
-    at::Tensor residual;
+    at::Tensor out = at::empty_like(x_in);
     at::Tensor qkv = at::empty({tokens, q_size + 2 * kv_size}, x_in.options());
+    at::Tensor h_all = at::empty_like(x_in), o_all = at::empty_like(x_in);
+    // The views and temporaries below need no autograd bookkeeping (the returned tensors were made above, as
+    // ordinary tensors).
+    c10::InferenceMode no_autograd;
+    struct Piece {
+        int64_t r0, n;
+        at::Tensor x, out, rows, q, k, v, cos, sin, h, o;
+    };
+    std::vector<Piece> pieces;
+    for (int64_t r0 = 0; r0 < tokens; r0 += piece) {
+        const int64_t n = std::min(piece, tokens - r0);
+        const auto rows_of = [&](const at::Tensor& t) { return n == tokens ? t : t.narrow(0, r0, n); };
+        Piece p{r0, n, rows_of(x), rows_of(out), rows_of(qkv)};
+        p.q = p.rows.narrow(1, 0, q_size).view({n, num_heads, head_dim});
+        p.k = p.rows.narrow(1, q_size, kv_size).view({n, num_kv_heads, head_dim});
+        p.v = p.rows.narrow(1, q_size + kv_size, kv_size).view({n, num_kv_heads, head_dim});
+        p.cos = rows_of(cos), p.sin = rows_of(sin), p.h = rows_of(h_all), p.o = rows_of(o_all);
+        pieces.push_back(std::move(p));
+    }
+    const auto q_all = qkv.narrow(1, 0, q_size).view({tokens, num_heads, head_dim});
     for (int64_t i = 0; i < layers; ++i) {
         const LayerWeights lw{weights, sizes, i};
-        const auto gate_up_p = lw.opt(kGateUpP);
+        const auto gate_up_p = lw.opt(kGateUpP), o_p = lw.opt(kOP), qkv_p = lw.opt(kQkvP), down_p = lw.opt(kDownP);
         const auto next_qkv_p = i + 1 < layers ? LayerWeights{weights, sizes, i + 1}.opt(kQkvP) : std::nullopt;
+        const at::Tensor input_norm = lw.req(kInputNorm), post_norm = lw.req(kPostNorm);
         auto layer_kv = kv.select(0, i);
         auto k_cache = layer_kv.select(0, 0), v_cache = layer_kv.select(0, 1);
-        // norm -> qkv -> (q/k norms) -> RoPE -> the KV write, piece by piece. Each GEMM's threads request the
+        // norm -> qkv -> (q/k norms) -> RoPE and the KV write, piece by piece. Each GEMM's threads request the
         // first panels of the one after it (PanelsAfter).
-        for (int64_t r0 = 0; r0 < tokens; r0 += piece) {
-            const int64_t n = std::min(piece, tokens - r0);
-            at::Tensor h;
+        for (size_t j = 0; j < pieces.size(); ++j) {
+            Piece& p = pieces[j];
             if (i == 0) {
-                h = rms_norm(x.narrow(0, r0, n), lw.req(kInputNorm), eps);
+                p.h.copy_(rms_norm(p.x, input_norm, eps));
             } else {
-                auto res = residual.narrow(0, r0, n);
-                h = add_rms_norm_(x.narrow(0, r0, n), res, lw.req(kInputNorm), eps);
+                add_rms_norm_into(p.out, p.x, input_norm, eps, p.h);
             }
-            auto rows = qkv.narrow(0, r0, n);
             {
-                PanelsAfter then(r0 + n < tokens ? lw.opt(kQkvP) : lw.opt(kOP));
-                lw.linear_out(h, kQkv, kQkvW, rows);
+                PanelsAfter then(j + 1 < pieces.size() ? qkv_p : o_p);
+                lw.linear_out(p.h, kQkv, kQkvW, p.rows);
             }
-            auto q = rows.narrow(1, 0, q_size).view({n, num_heads, head_dim});
-            auto k = rows.narrow(1, q_size, kv_size).view({n, num_kv_heads, head_dim});
-            auto v = rows.narrow(1, q_size + kv_size, kv_size).view({n, num_kv_heads, head_dim});
             if (auto qn = lw.opt(kQNorm)) {  // Qwen3: per-head norms before RoPE, written back in place
-                q.copy_(rms_norm(q.contiguous(), *qn, eps));
-                k.copy_(rms_norm(k.contiguous(), lw.req(kKNorm), eps));
+                p.q.copy_(rms_norm(p.q.contiguous(), *qn, eps));
+                p.k.copy_(rms_norm(p.k.contiguous(), lw.req(kKNorm), eps));
             }
-            rotary_(q, k, cos.narrow(0, r0, n), sin.narrow(0, r0, n));
-            write_kv_rows(k, k_cache, sp + r0);
-            write_kv_rows(v, v_cache, sp + r0);
+            rotary_write_kv_(p.q, p.k, p.v, p.cos, p.sin, k_cache, v_cache, sp + p.r0);
         }
-        if (i == 0) residual = x;  // the embedding rows: layer 0's residual, updated in place from here on
-        auto q_all = qkv.narrow(1, 0, q_size).view({tokens, num_heads, head_dim});
         const at::Tensor o_in =
             (prefill ? prefill_attention(q_all, k_cache, v_cache, block_table, *q_starts, kv_lens, scale)
-                     : paged_attention(q_all.contiguous(), k_cache, v_cache, block_table, kv_lens, scale))
-                .reshape({tokens, q_size});
-        // o -> residual add + norm -> MLP, piece by piece, the down projection into x's rows.
-        if (i == 0) x = at::empty_like(x_in);
-        for (int64_t r0 = 0; r0 < tokens; r0 += piece) {
-            const int64_t n = std::min(piece, tokens - r0);
-            at::Tensor o;
+                     : paged_attention(q_all, k_cache, v_cache, block_table, kv_lens, scale))
+                .view({tokens, q_size});
+        // o -> residual add + norm -> MLP, piece by piece, the down projection into out's rows.
+        for (size_t j = 0; j < pieces.size(); ++j) {
+            Piece& p = pieces[j];
             {
                 PanelsAfter then(gate_up_p);
-                o = lw.linear(o_in.narrow(0, r0, n), kO, kOW);
+                lw.linear_out(p.n == tokens ? o_in : o_in.narrow(0, p.r0, p.n), kO, kOW, p.o);
             }
-            auto res = residual.narrow(0, r0, n);
-            const at::Tensor h = add_rms_norm_(o, res, lw.req(kPostNorm), eps);
+            add_rms_norm_into(p.o, p.x, post_norm, eps, p.h);
             at::Tensor act;
             {
-                PanelsAfter then(lw.opt(kDownP));
-                act = gated_mlp ? linear_silu(h, lw.req(kGateUpP), lw.opt(kGateUpB), lw.out_features(kGateUp) / 2)
-                                : silu_and_mul(lw.linear(h, kGateUp, kGateUpW));
+                PanelsAfter then(down_p);
+                act = gated_mlp ? linear_silu(p.h, *gate_up_p, lw.opt(kGateUpB), lw.out_features(kGateUp) / 2)
+                                : silu_and_mul(lw.linear(p.h, kGateUp, kGateUpW));
             }
-            auto out = x.narrow(0, r0, n);
-            PanelsAfter then(r0 + n < tokens ? lw.opt(kOP) : next_qkv_p);
-            lw.linear_out(act, kDown, kDownW, out);
+            PanelsAfter then(j + 1 < pieces.size() ? o_p : next_qkv_p);
+            lw.linear_out(act, kDown, kDownW, p.out);
         }
     }
-    return {x, residual};
+    return {out, x};
 }
 
 }  // namespace rtp_llm

@@ -1,4 +1,5 @@
-// Fused CPU element-wise ops: RMSNorm, residual add + RMSNorm, and rotate-half RoPE on q and k in place.
+// Fused CPU element-wise ops: RMSNorm, residual add + RMSNorm, and rotate-half RoPE on q and k in place (with the
+// KV cache write, for decoder_layers.cc).
 //
 // Why: at decode batch sizes each of these is several tiny aten ops per layer (pow, mean, add, rsqrt,
 // mul, mul; slice, neg, cat, mul, mul, add per tensor), and dispatch overhead, not arithmetic, is what
@@ -17,6 +18,7 @@
 #include "rtp_llm/cpp/cpu/vec/avx2.h"
 
 #include <cmath>
+#include <cstring>
 #include <tuple>
 
 namespace rtp_llm {
@@ -151,17 +153,24 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
 }
 
 at::Tensor add_rms_norm_(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
+    auto out = at::empty_like(x);
+    add_rms_norm_into(x, residual, weight, eps, out);
+    return out;
+}
+
+void add_rms_norm_into(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps,
+                       at::Tensor& out) {
     check_rows(x, weight, "add_rms_norm_");
     TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type() &&
                     residual.is_contiguous(),
                 "add_rms_norm_: residual must match x");
-    auto out = at::empty_like(x);
+    TORCH_CHECK(out.sizes() == x.sizes() && out.scalar_type() == x.scalar_type() && out.is_contiguous(),
+                "add_rms_norm_: out must match x");
     // add_norm_row reads x[i] and residual[i] before it writes the sum to residual[i]: in place is safe.
     if (x.scalar_type() == at::kFloat)
         add_rms_norm_rows<float>(x, residual, weight, eps, out, residual);
     else
         add_rms_norm_rows<c10::BFloat16>(x, residual, weight, eps, out, residual);
-    return out;
 }
 
 namespace {
@@ -170,35 +179,60 @@ namespace {
 // repeat, as the reference builds them). Reference: x * cos + rotate_half(x) * sin, each product and the sum
 // rounded to T.
 template <typename T>
+void rotate_token(T* xrow, int64_t heads, int64_t dim, const T* c, const T* s) {
+    const int64_t half = dim / 2;
+    for (int64_t h = 0; h < heads; ++h) {
+        T* v = xrow + h * dim;
+        int64_t i = 0;
+#ifdef __AVX2__
+        for (; i + 8 <= half; i += 8) {
+            const __m256 a = vec::load8(v + i), bb = vec::load8(v + i + half);
+            const __m256 c0 = vec::load8(c + i), c1 = vec::load8(c + i + half);
+            const __m256 s0 = vec::load8(s + i), s1 = vec::load8(s + i + half);
+            const __m256 neg = _mm256_set1_ps(-0.f);
+            vec::store8(v + i, _mm256_add_ps(round8(_mm256_mul_ps(a, c0), v),
+                                             round8(_mm256_mul_ps(_mm256_xor_ps(bb, neg), s0), v)));
+            vec::store8(v + i + half, _mm256_add_ps(round8(_mm256_mul_ps(bb, c1), v),
+                                                    round8(_mm256_mul_ps(a, s1), v)));
+        }
+#endif
+        for (; i < half; ++i) {
+            const float a = static_cast<float>(v[i]), bb = static_cast<float>(v[i + half]);
+            const float c0 = static_cast<float>(c[i]), c1 = static_cast<float>(c[i + half]);
+            const float s0 = static_cast<float>(s[i]), s1 = static_cast<float>(s[i + half]);
+            v[i] = vec::to<T>(vec::round_as<T>(a * c0) + vec::round_as<T>(-bb * s0));
+            v[i + half] = vec::to<T>(vec::round_as<T>(bb * c1) + vec::round_as<T>(a * s1));
+        }
+    }
+}
+
+template <typename T>
 void rotate_one(at::Tensor& x, const T* cp, const T* sp) {
-    const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2), half = dim / 2, row = x.stride(0);
+    const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2), row = x.stride(0);
     T* xp = x.data_ptr<T>();
+    parallel_for(0, tokens, 16, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) rotate_token(xp + t * row, heads, dim, cp + t * dim, sp + t * dim);
+    });
+}
+
+// rotary_ on q and k, then write_kv_rows of k and v, token by token in one parallel loop: the same bits, one
+// loop instead of three (a decode step's are microseconds each, so their joins and the serial row copies were
+// a measurable share of a layer).
+template <typename T>
+void rotate_write_kv(at::Tensor& q, at::Tensor& k, const at::Tensor& v, const T* cp, const T* sp, at::Tensor& k_cache,
+                     at::Tensor& v_cache, const int64_t* slots) {
+    const int64_t tokens = q.size(0), dim = q.size(2), q_heads = q.size(1), kv_heads = k.size(1);
+    const int64_t q_row = q.stride(0), k_row = k.stride(0), v_row = v.stride(0), bytes = kv_heads * dim * sizeof(T);
+    T *qp = q.data_ptr<T>(), *kp = k.data_ptr<T>();
+    const T* vp = v.data_ptr<T>();
+    char *kc = static_cast<char*>(k_cache.data_ptr()), *vc = static_cast<char*>(v_cache.data_ptr());
     parallel_for(0, tokens, 16, [&](int64_t b, int64_t e) {
         for (int64_t t = b; t < e; ++t) {
             const T *c = cp + t * dim, *s = sp + t * dim;
-            for (int64_t h = 0; h < heads; ++h) {
-                T* v = xp + t * row + h * dim;
-                int64_t i = 0;
-#ifdef __AVX2__
-                for (; i + 8 <= half; i += 8) {
-                    const __m256 a = vec::load8(v + i), bb = vec::load8(v + i + half);
-                    const __m256 c0 = vec::load8(c + i), c1 = vec::load8(c + i + half);
-                    const __m256 s0 = vec::load8(s + i), s1 = vec::load8(s + i + half);
-                    const __m256 neg = _mm256_set1_ps(-0.f);
-                    vec::store8(v + i, _mm256_add_ps(round8(_mm256_mul_ps(a, c0), v),
-                                                     round8(_mm256_mul_ps(_mm256_xor_ps(bb, neg), s0), v)));
-                    vec::store8(v + i + half, _mm256_add_ps(round8(_mm256_mul_ps(bb, c1), v),
-                                                            round8(_mm256_mul_ps(a, s1), v)));
-                }
-#endif
-                for (; i < half; ++i) {
-                    const float a = static_cast<float>(v[i]), bb = static_cast<float>(v[i + half]);
-                    const float c0 = static_cast<float>(c[i]), c1 = static_cast<float>(c[i + half]);
-                    const float s0 = static_cast<float>(s[i]), s1 = static_cast<float>(s[i + half]);
-                    v[i] = vec::to<T>(vec::round_as<T>(a * c0) + vec::round_as<T>(-bb * s0));
-                    v[i + half] = vec::to<T>(vec::round_as<T>(bb * c1) + vec::round_as<T>(a * s1));
-                }
-            }
+            rotate_token(qp + t * q_row, q_heads, dim, c, s);
+            rotate_token(kp + t * k_row, kv_heads, dim, c, s);
+            std::memcpy(kc + slots[t] * bytes, kp + t * k_row, bytes);
+            std::memcpy(vc + slots[t] * bytes, vp + t * v_row, bytes);
         }
     });
 }
@@ -240,6 +274,23 @@ std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& q, const at::Tensor&
     auto ko = k.clone(at::MemoryFormat::Contiguous);
     rotate_both(qo, ko, cos, sin);
     return {qo, ko};
+}
+
+void rotary_write_kv_(at::Tensor& q, at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
+                      const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache, const int64_t* slots) {
+    check_rotary(q, k, cos, sin, "rotary_write_kv_");
+    for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&q, &k, &v})
+        TORCH_CHECK(t->stride(2) == 1 && t->stride(1) == t->size(2), "rotary_write_kv_: q/k/v heads must be contiguous");
+    TORCH_CHECK(v.sizes() == k.sizes() && v.scalar_type() == k.scalar_type() && k_cache.is_contiguous() &&
+                    v_cache.is_contiguous() && k_cache.scalar_type() == k.scalar_type() &&
+                    v_cache.sizes() == k_cache.sizes() && k_cache.size(-2) == k.size(1) &&
+                    k_cache.size(-1) == k.size(2),
+                "rotary_write_kv_: v must match k, the caches [blocks, block_size, kv_heads, head_dim] in k's dtype");
+    if (cos.scalar_type() == at::kFloat)
+        rotate_write_kv<float>(q, k, v, cos.data_ptr<float>(), sin.data_ptr<float>(), k_cache, v_cache, slots);
+    else
+        rotate_write_kv<c10::BFloat16>(q, k, v, cos.data_ptr<c10::BFloat16>(), sin.data_ptr<c10::BFloat16>(),
+                                       k_cache, v_cache, slots);
 }
 
 void rotary_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin) {

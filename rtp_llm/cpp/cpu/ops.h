@@ -165,11 +165,17 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
                                                  const at::Tensor& weight, double eps);
 // residual += x (rounded to its dtype), in place; returns norm(residual) * weight: add_rms_norm's bits.
 at::Tensor add_rms_norm_(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
+// The same into out (x's shape, contiguous): decoder_layers reuses one buffer for every layer.
+void add_rms_norm_into(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps,
+                       at::Tensor& out);
 std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                                           const at::Tensor& sin);
 // rotary's math on q and k in place: [T, heads, D] views whose heads are contiguous ([T, heads * D] rows, any row
 // stride: column ranges of a qkv matrix).
 void rotary_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin);
+// rotary_, then k's and v's rows to slots[t] of the layer's caches (write_kv_rows), in one parallel loop.
+void rotary_write_kv_(at::Tensor& q, at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
+                      const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache, const int64_t* slots);
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
 
 // --- attention and the KV cache (paged_attention.cc, prefill_attention.cc, kv_write.cc) ---------------------

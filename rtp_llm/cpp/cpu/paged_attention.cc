@@ -170,7 +170,7 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
                    const at::Tensor& block_table, const std::vector<int64_t>& kv_lens, double scale, at::Tensor& out) {
     const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
     const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
-    const int64_t group = heads / kv_heads, table_width = block_table.size(1);
+    const int64_t group = heads / kv_heads, table_width = block_table.size(1), q_row = q.stride(0);
     const T* qp = q.data_ptr<T>();
     const int32_t* bt = block_table.data_ptr<int32_t>();
     T* op = out.data_ptr<T>();
@@ -196,7 +196,7 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
             scores.resize(heads * len);
             // Scaled in float32, as the prefill kernel scales its queries (a double product rounds differently).
             const float fscale = static_cast<float>(scale);
-            for (int64_t i = h0 * dim; i < h1 * dim; ++i) qf[i] = static_cast<float>(qp[b * heads * dim + i]) * fscale;
+            for (int64_t i = h0 * dim; i < h1 * dim; ++i) qf[i] = static_cast<float>(qp[b * q_row + i]) * fscale;
             const SeqRows<T> keys{k_cache.data_ptr<T>(), bt + b * table_width, block_size, token_stride};
             const SeqRows<T> values{v_cache.data_ptr<T>(), bt + b * table_width, block_size, token_stride};
 #ifdef __AVX2__
@@ -231,7 +231,9 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
     TORCH_CHECK(q.dim() == 3, "q must be [batch, heads, head_dim], got ", q.sizes());
     TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
                 "k_cache/v_cache must be [num_blocks, block_size, kv_heads, head_dim] and equal");
-    TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "inputs must be contiguous");
+    // q's rows may be apart (decoder_layers passes q as a column slice of qkv), each row's heads contiguous.
+    TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2) && k_cache.is_contiguous() && v_cache.is_contiguous(),
+                "inputs must be contiguous (q: each row's heads)");
     TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
                 "q and the caches must share a dtype");
     TORCH_CHECK(q.size(2) == k_cache.size(3), "head_dim differs between q and the cache");
@@ -246,7 +248,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
     for (int64_t b = 0; b < static_cast<int64_t>(lens.size()); ++b) {
         TORCH_CHECK(lens[b] >= 1 && lens[b] <= capacity, "kv_lens[", b, "]=", lens[b], " outside [1, ", capacity, "]");
     }
-    auto out = at::empty_like(q);
+    auto out = at::empty(q.sizes(), q.options());  // contiguous, whatever q's row stride
     if (q.scalar_type() == at::kFloat) {
         decode_kernel<float>(q, k_cache, v_cache, block_table, lens, scale, out);
     } else if (q.scalar_type() == at::kBFloat16) {

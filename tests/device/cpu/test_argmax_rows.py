@@ -5,6 +5,10 @@ of a bf16 head go through it."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -37,9 +41,20 @@ def _rows(n: int, dtype, seed: int) -> torch.Tensor:
     return torch.stack(rows).to(dtype)
 
 
+LENGTHS = [1, 2, 7, 31, 32, 33, 63, 64, 65, 95, 127, 128, 129, 191, 1000, 49152]
+
+
+def check_lengths():
+    for dtype in (torch.float32, torch.bfloat16):
+        for n in LENGTHS:
+            test_equals_torch_argmax(dtype, n)
+        test_rows_holding_a_nan_are_left_to_torch(dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n", [1, 2, 7, 31, 32, 33, 63, 64, 65, 95, 127, 1000, 49152])
+@pytest.mark.parametrize("n", LENGTHS)
 def test_equals_torch_argmax(dtype, n):
+    """Around both kernels' steps: 32 logits per pass with AVX2, 64 with AVX-512 (from 64 logits on)."""
     x = _rows(n, dtype, seed=n)
     assert torch.equal(K.argmax_rows(x), x.float().argmax(dim=-1))
     # a strided view is read as its values
@@ -58,6 +73,15 @@ def test_rows_holding_a_nan_are_left_to_torch(dtype):
     keep = torch.ones(len(x), dtype=torch.bool)
     keep[[2, 4]] = False
     assert torch.equal(got[keep], want[keep])
+
+
+def test_avx2_loop_on_an_avx512_cpu():
+    """RTP_LLM_CPU_NO_AVX512=1 runs the AVX2 loop (CPUs without AVX-512): the same checks, in a process of its own
+    (the choice is made once per process). On a CPU without AVX-512 it is the loop the tests above ran."""
+    env = dict(os.environ, RTP_LLM_CPU_NO_AVX512="1", PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, "-c", "from tests.device.cpu.test_argmax_rows import check_lengths; "
+                           "check_lengths()"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def test_greedy_steps_of_a_bf16_head_are_torch_argmax_of_its_logits():
