@@ -42,7 +42,8 @@ RTP_AVX512 int64_t row_argmax_avx512(const T* x, int64_t n) {
             const __mmask16 gt = _mm512_cmp_ps_mask(v, mx[s], _CMP_GT_OQ);  // strictly greater: the first one stays
             unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
             mx[s] = _mm512_mask_mov_ps(mx[s], gt, v);
-            at[s] = _mm512_mask_mov_epi32(at[s], gt, _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int>(i + 16 * s))));
+            const __m512i idx = _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int>(i + 16 * s)));
+            at[s] = _mm512_mask_mov_epi32(at[s], gt, idx);
         }
     }
     if (unordered) return -1;

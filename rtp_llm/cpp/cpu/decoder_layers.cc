@@ -161,7 +161,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
             at::Tensor act;
             {
                 PanelsAfter then(down_p);
-                act = gated_mlp ? linear_silu(p.h, *gate_up_p, lw.opt(kGateUpB), lw.out_features(kGateUp) / 2)
+                act = gated_mlp ? linear_silu(p.h, lw.req(kGateUpP), lw.opt(kGateUpB), lw.out_features(kGateUp) / 2)
                                 : silu_and_mul(lw.linear(p.h, kGateUp, kGateUpW));
             }
             PanelsAfter then(j + 1 < pieces.size() ? o_p : next_qkv_p);

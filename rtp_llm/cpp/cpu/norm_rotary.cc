@@ -280,7 +280,8 @@ void rotary_write_kv_(at::Tensor& q, at::Tensor& k, const at::Tensor& v, const a
                       const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache, const int64_t* slots) {
     check_rotary(q, k, cos, sin, "rotary_write_kv_");
     for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&q, &k, &v})
-        TORCH_CHECK(t->stride(2) == 1 && t->stride(1) == t->size(2), "rotary_write_kv_: q/k/v heads must be contiguous");
+        TORCH_CHECK(t->stride(2) == 1 && t->stride(1) == t->size(2),
+                    "rotary_write_kv_: q/k/v heads must be contiguous");
     TORCH_CHECK(v.sizes() == k.sizes() && v.scalar_type() == k.scalar_type() && k_cache.is_contiguous() &&
                     v_cache.is_contiguous() && k_cache.scalar_type() == k.scalar_type() &&
                     v_cache.sizes() == k_cache.sizes() && k_cache.size(-2) == k.size(1) &&
