@@ -51,8 +51,9 @@ void quant_linear_out(const at::Tensor& x, const at::Tensor& w, const std::optio
                       at::Tensor& out);
 // The SiLU-gated MLP's first half on blocks packed in pack_gated_panels' row order (quant_pack of the parts
 // [gate 0-23, up 0-23, gate 24-47, ...], zero blocks past I; ceil(I / 24) x 48 rows): silu(gate) * up [M, I], bit
-// for bit silu_and_mul(quant_linear) of [gate | up]. float32 x beyond kQuantDirectRows rows runs the SiLU in the
-// panel path's epilogue; other calls compute [gate | up] and silu_and_mul. bias [2 I] ([gate; up]) or none.
+// for bit silu_and_mul(quant_linear) of [gate | up]. float32 x on AVX-512 runs the SiLU in the kernel's epilogue
+// (panels, or registers up to kQuantDirectRows rows); other calls compute [gate | up] and silu_and_mul. bias [2 I]
+// ([gate; up]) or none.
 at::Tensor quant_linear_silu(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
                              int64_t inter);
 // Rows up to which quant_linear's AVX-512 kernel decodes the blocks in registers instead of into a panel.
@@ -67,7 +68,7 @@ int64_t quant_packed_elements(int format);
 // format: quant::Format; the AVX-512 kernel of quant_linear on packed blocks.
 void quant_linear_avx512(int format, const uint8_t* w, const float* x, const float* bias, float* out, int64_t m,
                          int64_t k, int64_t n);
-// quant_linear_silu's panel path (m > kQuantDirectRows): bias in the panels' order, out [m, inter].
+// quant_linear_silu's AVX-512 kernel: bias in the panels' order, out [m, inter].
 void quant_linear_silu_avx512(int format, const uint8_t* w, const float* x, const float* bias, float* out, int64_t m,
                               int64_t k, int64_t inter);
 // greedy_head's screen on packed blocks (avx512_bf16): out [m, n] = x (bf16 pairs [m, k / 2]) . bf16(w_j), each

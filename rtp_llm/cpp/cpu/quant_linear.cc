@@ -177,7 +177,7 @@ at::Tensor quant_linear_silu(const at::Tensor& x, const at::Tensor& w, const std
     const int64_t k = w.size(1) * quant::elements(f);
     TORCH_CHECK(x.size(1) == k, "quant_linear_silu: x has ", x.size(1), " columns, the weight ", k);
     const at::Tensor b = gated_bias(bias, inter, "quant_linear_silu");
-    if (x.scalar_type() == at::kFloat && x.size(0) > kQuantDirectRows && cpu_avx512()) {
+    if (x.scalar_type() == at::kFloat && cpu_avx512()) {
         const auto xc = x.contiguous();
         auto out = at::empty({x.size(0), inter}, x.options());
         quant_linear_silu_avx512(static_cast<int>(f), w.data_ptr<uint8_t>(), xc.data_ptr<float>(),

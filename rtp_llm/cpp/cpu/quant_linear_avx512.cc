@@ -2,7 +2,8 @@
 // (quant_packed.h): a block of 16 rows decodes into k-major vectors of those rows' weights, so the product is the
 // fp32 panels' (panel_linear.cc): one FMA chain per output over k in order, from zero, then + bias.
 // - few rows (decode): each vector meets the rows in registers as it is decoded, four groups (64 outputs) at a
-//   time so that four chains per row hide the FMA latency; the weights are streamed once at their stored size;
+//   time so that four chains per row hide the FMA latency; the weights are streamed once at their stored size
+//   (a gated gate_up: whole panels, the SiLU applied to the registers by the panels' epilogue);
 // - more rows: the three groups of a 48-column panel are decoded into an fp32 panel (L2) and panel_linear's tiles
 //   run on it for every row block: the decoding is paid once per panel and row chunk (a gated gate_up's SiLU in
 //   their epilogue, as pack_gated_panels' copy has it).
@@ -14,6 +15,7 @@
 #include <utility>
 
 #include "rtp_llm/cpp/cpu/ops.h"
+#include "rtp_llm/cpp/cpu/panel_tiles.h"
 #include "rtp_llm/cpp/cpu/quant_packed.h"
 #include "rtp_llm/cpp/cpu/work_pool.h"
 
@@ -163,12 +165,12 @@ struct Codec<Format::kQ6_K> {
 // decoded in registers: acc[r][q] lane l = output 16 q + l. The G groups at `ahead` (null: none) are requested
 // meanwhile.
 template <Format F, int M, int G>
-RTP_AVX512 void direct_groups(const uint8_t* w, int64_t group_bytes, const float* x, int64_t k, const float* bias,
-                              float* out, int64_t ldo, int cols, const char* ahead) {
+RTP_AVX512 __attribute__((always_inline)) inline void direct_sums(const uint8_t* w, int64_t group_bytes,
+                                                                  const float* x, int64_t k, const char* ahead,
+                                                                  __m512 (&acc)[M][G]) {
     using C = Codec<F>;
     constexpr quant::PackedLayout L = packed_layout(F);
     constexpr int kE = quant::elements(F);
-    __m512 acc[M][G];
     for (int r = 0; r < M; ++r)
         for (int q = 0; q < G; ++q) acc[r][q] = _mm512_setzero_ps();
     const int64_t blocks = k / kE;
@@ -198,6 +200,14 @@ RTP_AVX512 void direct_groups(const uint8_t* w, int64_t group_bytes, const float
             }
         }
     }
+}
+
+// direct_sums stored: out's columns [0, cols) of M rows (ldo apart), + bias.
+template <Format F, int M, int G>
+RTP_AVX512 void direct_groups(const uint8_t* w, int64_t group_bytes, const float* x, int64_t k, const float* bias,
+                              float* out, int64_t ldo, int cols, const char* ahead) {
+    __m512 acc[M][G];
+    direct_sums<F, M, G>(w, group_bytes, x, k, ahead, acc);
     for (int q = 0; q < G; ++q) {
         const int valid = std::clamp(cols - 16 * q, 0, 16);
         if (valid == 0) break;
@@ -205,6 +215,26 @@ RTP_AVX512 void direct_groups(const uint8_t* w, int64_t group_bytes, const float
         const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + 16 * q) : _mm512_setzero_ps();
         for (int r = 0; r < M; ++r)
             _mm512_mask_storeu_ps(out + r * ldo + 16 * q, mask, bias ? _mm512_add_ps(acc[r][q], bv) : acc[r][q]);
+    }
+}
+
+// The gated few-row path: P panels of pack_gated_panels' order (3 groups each: 24 gate, 24 up outputs) in
+// registers, then each panel through the panel tiles' SiLU epilogue (panel_tiles.h), so the bits are the panel
+// path's and silu_and_mul's, without [gate | up] leaving the registers. out / bias: the first panel's 24 output
+// columns / 48 bias entries; cols, exact_from: as gated_store's, counted from out.
+template <Format F, int M, int P>
+RTP_AVX512_BF16 void direct_gated(const uint8_t* w, int64_t group_bytes, const float* x, int64_t k,
+                                  const float* bias, float* out, int64_t ldo, int cols, int exact_from,
+                                  const char* ahead) {
+    constexpr int kOut = kPanelCols / 2, kGroups = kPanelCols / kLanes;
+    __m512 acc[M][P * kGroups];
+    direct_sums<F, M, P * kGroups>(w, group_bytes, x, k, ahead, acc);
+    for (int p = 0; p < P; ++p) {
+        __m512 tile[M][kGroups];
+        for (int r = 0; r < M; ++r)
+            for (int q = 0; q < kGroups; ++q) tile[r][q] = acc[r][p * kGroups + q];
+        panel::gated_store<panel::Fp32, M>(tile, bias ? bias + p * kPanelCols : nullptr, out + p * kOut, ldo,
+                                           std::min(cols - p * kOut, kOut), exact_from - p * kOut);
     }
 }
 
@@ -226,6 +256,30 @@ RTP_AVX512 void direct_m(const uint8_t* w, int64_t group_bytes, const float* x, 
     for (; g < g1; ++g)
         direct_groups<F, M, 1>(w + g * group_bytes, group_bytes, x, k, bias ? bias + 16 * g : nullptr, out + 16 * g,
                                n, static_cast<int>(std::min<int64_t>(16, n - 16 * g)), ahead(g + 1));
+}
+
+// Gated panels [p0, p1) for M rows: two panels at a time (six chains per row) up to two rows, one beyond (the
+// accumulators of two would not fit the registers); n: the activation's width I.
+template <Format F, int M>
+void direct_gated_m(const uint8_t* w, int64_t group_bytes, const float* x, const float* bias, float* out, int64_t k,
+                    int64_t n, int64_t p0, int64_t p1) {
+    constexpr int64_t kOut = kPanelCols / 2, kGroups = kPanelCols / kLanes;
+    constexpr int P = M <= 2 ? 2 : 1;
+    auto ahead = [&](int64_t next) -> const char* {  // as direct_m's: the next panels, else the next claimed range
+        if (next < p1) return reinterpret_cast<const char*>(w + next * kGroups * group_bytes);
+        const int64_t c = parallel_for_next_begin();
+        return c >= 0 ? reinterpret_cast<const char*>(w + c * P * kGroups * group_bytes) : nullptr;
+    };
+    const int64_t vector_cols = n & ~int64_t{7};  // activation.cc's vector loop; the rest its scalar tail
+    auto at = [&](int64_t p, auto panels) {
+        constexpr int Q = decltype(panels)::value;
+        direct_gated<F, M, Q>(w + p * kGroups * group_bytes, group_bytes, x, k, bias ? bias + p * kPanelCols : nullptr,
+                              out + p * kOut, n, static_cast<int>(std::min<int64_t>(Q * kOut, n - p * kOut)),
+                              static_cast<int>(vector_cols - p * kOut), ahead(p + Q));
+    };
+    int64_t p = p0;
+    for (; p + P <= p1; p += P) at(p, std::integral_constant<int, P>());
+    for (; p < p1; ++p) at(p, std::integral_constant<int, 1>());
 }
 
 // Groups [g0, g1) decoded into scratch [k, 48] columns 16 (g - g0) onward. noipa (here, decode_pair_panel and
@@ -290,6 +344,20 @@ void run(const uint8_t* w, const float* x, const float* bias, float* out, int64_
     const int64_t panels = (n + kOut - 1) / kOut;
     const int64_t group_bytes = k / quant::elements(F) * packed_layout(F).bytes;
     const int64_t groups = Gated ? panels * (kPanelCols / kLanes) : (n + kLanes - 1) / kLanes;
+    if (Gated && m <= kDirectRows) {
+        auto rows = [&](auto mc) {
+            constexpr int M = decltype(mc)::value, P = M <= 2 ? 2 : 1;
+            parallel_for(0, (panels + P - 1) / P, 1, [&](int64_t c0, int64_t c1) {
+                direct_gated_m<F, M>(w, group_bytes, x, bias, out, k, n, c0 * P, std::min(panels, c1 * P));
+            });
+        };
+        switch (m) {
+            case 1: return rows(std::integral_constant<int, 1>());
+            case 2: return rows(std::integral_constant<int, 2>());
+            case 3: return rows(std::integral_constant<int, 3>());
+            default: return rows(std::integral_constant<int, 4>());
+        }
+    }
     if (!Gated && m <= kDirectRows) {
         // ranges of kDirectGroups groups, so that a range's outputs run that many chains per row
         auto rows = [&](auto mc) {
