@@ -104,7 +104,19 @@ at::Tensor quant_pack(const std::vector<at::Tensor>& parts) {
         for (int64_t r = 0; r < part.size(0); ++r) rows.push_back(part.data_ptr<uint8_t>() + r * blocks * bytes);
     }
     const int64_t n = static_cast<int64_t>(rows.size());
-    const int64_t groups = (n + quant::kLanes - 1) / quant::kLanes, packed = quant::packed_layout(f).bytes;
+    // Q4_1 decodes from slot words where every block's slot constants are exact (quant_packed.h), else the tensor
+    // is packed as Q5_1 (its blocks with zero fifth bits: the same values, 1.2x the bytes)
+    Format pf = f;
+    if (f == Format::kQ4_1) {
+        std::atomic<bool> exact{true};
+        parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+            for (int64_t r = begin; r < end && exact.load(std::memory_order_relaxed); ++r)
+                for (int64_t b = 0; b < blocks; ++b)
+                    if (!quant::slots_exact(rows[r] + b * bytes)) exact.store(false, std::memory_order_relaxed);
+        });
+        if (!exact.load()) pf = Format::kQ5_1;
+    }
+    const int64_t groups = (n + quant::kLanes - 1) / quant::kLanes, packed = quant::packed_layout(pf).bytes;
     auto out = at::zeros({groups, blocks, packed}, parts[0].options());
     uint8_t* dst = out.data_ptr<uint8_t>();
     std::atomic<int64_t> bad{-1};  // a block (row * blocks + b) whose scales are not finite
@@ -114,7 +126,7 @@ at::Tensor quant_pack(const std::vector<at::Tensor>& parts) {
             for (int r = 0; r < quant::kLanes && g * quant::kLanes + r < n; ++r) {
                 const uint8_t* block = rows[g * quant::kLanes + r] + b * bytes;
                 if (!quant::finite_scales(f, block)) bad.store((g * quant::kLanes + r) * blocks + b);
-                quant::pack_row(f, block, r, dst + i * packed);
+                quant::pack_row(pf, f, block, r, dst + i * packed);
             }
         }
     });

@@ -56,7 +56,7 @@ RTP_AVX512 inline __mmask16 mask_at(const uint8_t* p) {
 
 // A group-block decodes in sections (those sharing their scales: the whole block, a k-quant's sub-block of 32, a
 // Q6_K scale's 16 elements), each in units (the elements one load of quant bytes gives: 1 for Q8_0, 2 for a
-// nibble byte, 4 for a Q6_K high-bits byte). Codec<F>::scales(g, s) gives section s's scale vectors,
+// nibble byte, 4 for a Q6_K high-bits byte, 3 or 2 for a rotation of a slot word). Codec<F>::scales(g, s) gives section s's scale vectors,
 // unit(g, sc, s, u, emit) calls emit(e, v) for the unit's elements in order: v = element e's 16 rows (lanes), each
 // exactly quant::packed_value's float32. The few-row path interleaves units of several groups (so that their FMA
 // chains overlap); the panel path runs them in order.
@@ -70,6 +70,7 @@ struct Codec;
 template <>
 struct Codec<Format::kQ8_0> {
     static constexpr int kSections = 1, kUnits = 32;
+    using Scales = rtp_llm::Scales;
     RTP_AVX512 static Scales scales(const uint8_t* g, int) { return {halves16(g), _mm512_setzero_ps()}; }
     template <typename Emit>
     RTP_AVX512 static __attribute__((always_inline)) inline void unit(const uint8_t* g, const Scales& sc, int, int u,
@@ -79,12 +80,59 @@ struct Codec<Format::kQ8_0> {
     }
 };
 
-// Q4_0, Q4_1, Q5_0, Q5_1: one section, 16 nibble bytes of two elements each.
+// Q4_0, Q4_1: slot words (quant_packed.h), a unit per word: the word, and it rotated left by 12 and by 24, hold
+// its 8 elements' nibbles at bits 19, 15, 11 (3, 3, 2). (word & the nibble) | the exponent of 2^(19 - p) is the
+// float 2^(19 - p) + q / 16, so one scale 16 d serves every slot: 16 d f + c_p = d q + m exactly before the one
+// rounding, with c_p = m - d 2^(23 - p) (Q4_0: -8 d - d 2^(23 - p)).
+struct SlotScales {
+    __m512 d16, c[3];
+};
+
+template <Format F>
+struct SlotCodec {
+    static constexpr quant::PackedLayout L = packed_layout(F);
+    static constexpr int kSections = 1, kUnits = 4;
+    using Scales = SlotScales;
+    RTP_AVX512 static Scales scales(const uint8_t* g, int) {
+        const __m512 d = halves16(g + L.d);
+        Scales sc;
+        sc.d16 = _mm512_mul_ps(d, _mm512_set1_ps(16.f));
+        for (int j = 0; j < 3; ++j) {
+            const float step = static_cast<float>(1 << quant::kSlotShift[j]);
+            if constexpr (F == Format::kQ4_1) {  // m - d 2^s: exact, or quant_pack made the tensor Q5_1
+                sc.c[j] = _mm512_sub_ps(halves16(g + L.m), _mm512_mul_ps(d, _mm512_set1_ps(step)));
+            } else {  // -(8 + 2^s) d: exact (at most 21 significant bits)
+                sc.c[j] = _mm512_mul_ps(d, _mm512_set1_ps(-(8.f + step)));
+            }
+        }
+        return sc;
+    }
+    template <typename Emit>
+    RTP_AVX512 static __attribute__((always_inline)) inline void unit(const uint8_t* g, const Scales& sc, int, int u,
+                                                                      Emit&& emit) {
+        const __m512i w = _mm512_loadu_si512(g + L.q + 64 * u);
+        const __m512i rotated[3] = {w, _mm512_rol_epi32(w, 12), _mm512_rol_epi32(w, 24)};
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) {
+            const int j = i % 3;  // slot: bit 19 - 4 j, exponent 127 + 4 j
+            const __m512i f = _mm512_ternarylogic_epi32(rotated[i / 3], _mm512_set1_epi32(0xF << (19 - 4 * j)),
+                                                        _mm512_set1_epi32((127 + 4 * j) << 23), 0xEA);
+            emit(8 * u + i, _mm512_fmadd_ps(sc.d16, _mm512_castsi512_ps(f), sc.c[j]));
+        }
+    }
+};
+
+template <>
+struct Codec<Format::kQ4_0> : SlotCodec<Format::kQ4_0> {};
+template <>
+struct Codec<Format::kQ4_1> : SlotCodec<Format::kQ4_1> {};
+
+// Q5_0, Q5_1, Q4_K, Q5_K: one section (the k-quants: 8), 16 nibble bytes of two elements each.
 template <Format F>
 struct Codec {
-    static_assert(F == Format::kQ4_0 || F == Format::kQ4_1 || F == Format::kQ5_0 || F == Format::kQ5_1 ||
-                      F == Format::kQ4_K || F == Format::kQ5_K,
+    static_assert(F == Format::kQ5_0 || F == Format::kQ5_1 || F == Format::kQ4_K || F == Format::kQ5_K,
                   "the nibble formats");
+    using Scales = rtp_llm::Scales;
     static constexpr bool kK = F == Format::kQ4_K || F == Format::kQ5_K;
     static constexpr bool kFive = F == Format::kQ5_0 || F == Format::kQ5_1 || F == Format::kQ5_K;
     static constexpr bool kMin = F == Format::kQ4_1 || F == Format::kQ5_1;
@@ -133,6 +181,7 @@ struct Codec {
 template <>
 struct Codec<Format::kQ6_K> {
     static constexpr quant::PackedLayout L = packed_layout(Format::kQ6_K);
+    using Scales = rtp_llm::Scales;
     static constexpr int kSections = 16, kUnits = 4;  // 16 elements per scale, 4 per high-bits byte
     RTP_AVX512 static Scales scales(const uint8_t* g, int t) {
         const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + L.sc + 16 * t)));
@@ -188,7 +237,7 @@ RTP_AVX512 __attribute__((always_inline)) inline void direct_sums(const uint8_t*
             for (int q = 0; q < (ahead ? G : 0); ++q)
                 for (int i = s * kLinesPerSection; i < std::min(kLinesPerBlock, (s + 1) * kLinesPerSection); ++i)
                     __builtin_prefetch(ahead + q * group_bytes + b * L.bytes + 64 * i, 0, 2);
-            Scales sc[G];
+            typename C::Scales sc[G];
             for (int q = 0; q < G; ++q) sc[q] = C::scales(w + q * group_bytes + b * L.bytes, s);
             for (int u = 0; u < C::kUnits; ++u) {
                 for (int q = 0; q < G; ++q) {
@@ -296,7 +345,7 @@ __attribute__((noipa)) RTP_AVX512 void decode_panel(const uint8_t* w, int64_t gr
             const uint8_t* gb = w + g * group_bytes + b * packed_layout(F).bytes;
             float* dst = scratch + 16 * (g - g0) + b * kE * kPanelCols;
             for (int s = 0; s < C::kSections; ++s) {
-                const Scales sc = C::scales(gb, s);
+                const auto sc = C::scales(gb, s);
                 for (int u = 0; u < C::kUnits; ++u)
                     C::unit(gb, sc, s, u,
                             [&](int e, __m512 v) RTP_AVX512 { _mm512_storeu_ps(dst + e * kPanelCols, v); });
@@ -415,7 +464,7 @@ __attribute__((noipa)) RTP_AVX512_BF16 void decode_pair_panel(const uint8_t* w, 
             uint32_t* dst = scratch + 16 * (g - g0) + b * (kE / 2) * kPanelCols;
             __m512 even = _mm512_setzero_ps();  // element 2i, until 2i + 1 comes
             for (int s = 0; s < C::kSections; ++s) {
-                const Scales sc = C::scales(gb, s);
+                const auto sc = C::scales(gb, s);
                 for (int u = 0; u < C::kUnits; ++u)
                     C::unit(gb, sc, s, u, [&](int e, __m512 v) RTP_AVX512_BF16 {
                         if ((e & 1) == 0) {
@@ -465,7 +514,7 @@ __attribute__((noipa)) RTP_AVX512 void packed_row(const uint8_t* w, int64_t k, i
     for (int64_t b = 0; b < k / kE; ++b) {
         const uint8_t* gb = g + b * packed_layout(F).bytes;
         for (int s = 0; s < C::kSections; ++s) {
-            const Scales sc = C::scales(gb, s);
+            const auto sc = C::scales(gb, s);
             for (int u = 0; u < C::kUnits; ++u)
                 C::unit(gb, sc, s, u, [&](int e, __m512 v) RTP_AVX512 {
                     _mm512_mask_compressstoreu_ps(out + b * kE + e, lane, v);

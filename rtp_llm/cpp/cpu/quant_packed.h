@@ -7,14 +7,23 @@
 // Packed weight: uint8 [ceil(N / 16), K / elements(f), 16 * row bytes]; rows past N are zero (weights 0).
 // A group-block (16 rows x the block's elements; "[a][16]" = 16 values, one per row, for each a):
 //   Q8_0  d[16] fp16 | q[32][16] int8
-//   Q4_0  d[16] | nib[16][16]                    nib byte [i][r]: row r's element 2i (low nibble), 2i+1 (high)
-//   Q4_1  d[16] | m[16] | nib[16][16]
+//   Q4_0  words[4][16] uint32 | d[16]           word [w][r]: row r's elements 8w..8w+7, a nibble each (slots below)
+//   Q4_1  d[16] | m[16] | words[4][16]           (a tensor with a block whose slots are inexact: packed as Q5_1)
 //   Q5_0  d[16] | fifth[32] uint16 | nib[16][16]  fifth[e] bit r: row r's element e's bit 4
 //   Q5_1  d[16] | m[16] | fifth[32] | nib[16][16]
 //   Q4_K  d[16] | dmin[16] | sc[8][16] | mn[8][16] (the 6-bit sub-block scales and mins) | nib[128][16]
 //   Q5_K  Q4_K's, then fifth[256] uint16 after mn
 //   Q6_K  d[16] | sc[16][16] int8 | nib[128][16] | hi[64][16]  hi byte [i][r] bits 2j, 2j+1: element 4i + j's bits 4-5
+//   Q5_0 / Q5_1 / k-quants: nib byte [i][r]: row r's element 2i (low nibble), 2i+1 (high)
 // Values as quant_blocks.h computes them (gguf's float32 arithmetic).
+//
+// Slots (Q4_0, Q4_1): element 8w + i's nibble sits at bits kSlotBit[i].. (mod 32) of its word, so that the word
+// itself, rotated left by 12 and by 24, holds three elements' nibbles at bits 19, 15 and 11 (two at 19, 15 in the
+// last). A nibble q at bit p, or'ed into the bits of 1.0f, is the float 1 + q 2^(p-23); the weight d q + m is then
+// one FMA of it with d 2^(23-p) and c = m - d 2^(23-p) (Q4_0: -8 d - d 2^(23-p)), rounded once to gguf's value
+// when c is exact: always for Q4_0 (c = -(8 + 2^s) d has at most 21 significant bits), checked per block at pack
+// time for Q4_1 (slots_exact). The AVX-512 decode is then a mask-or, an FMA and an eighth of a rotation per weight
+// instead of an extraction, a conversion and an FMA (benchmarks/README.md: issue 21).
 #pragma once
 
 #include "rtp_llm/cpp/cpu/quant_blocks.h"
@@ -32,7 +41,7 @@ struct PackedLayout {
 constexpr PackedLayout packed_layout(Format f) {
     switch (f) {
         case Format::kQ8_0: return {0, -1, -1, -1, -1, 32, -1, 544};
-        case Format::kQ4_0: return {0, -1, -1, -1, -1, 32, -1, 288};
+        case Format::kQ4_0: return {256, -1, -1, -1, -1, 0, -1, 288};
         case Format::kQ4_1: return {0, 32, -1, -1, -1, 64, -1, 320};
         case Format::kQ5_0: return {0, -1, -1, -1, 32, 96, -1, 352};
         case Format::kQ5_1: return {0, 32, -1, -1, 64, 128, -1, 384};
@@ -41,6 +50,32 @@ constexpr PackedLayout packed_layout(Format f) {
         case Format::kQ6_K: return {0, -1, 32, -1, -1, 288, 2336, 3360};
         default: return {-1, -1, -1, -1, -1, -1, -1, 0};
     }
+}
+
+// Whether the format's nibbles are packed in slot words (above), and element i's (of 8) bit in its word.
+constexpr bool slot_words(Format f) { return f == Format::kQ4_0 || f == Format::kQ4_1; }
+constexpr int kSlotBit[8] = {19, 15, 11, 7, 3, 31, 27, 23};
+constexpr int kSlotShift[3] = {4, 8, 12};  // d's exponent steps for the slots at bits 19, 15, 11 (23 - bit)
+
+inline uint32_t rotl32(uint32_t v, int by) { return by == 0 ? v : (v << by) | (v >> (32 - by)); }
+
+// The nibble of element e (0..31) in row r's slot words.
+inline int slot_nibble(const uint8_t* words, int r, int e) {
+    uint32_t v;
+    std::memcpy(&v, words + 64 * (e / 8) + 4 * r, 4);
+    return static_cast<int>(rotl32(v, (32 - kSlotBit[e % 8]) % 32) & 0x0F);
+}
+
+// Q4_1: whether a stored block's c = m - d 2^s is exact in float32 for every slot (then the slot decode gives
+// gguf's value for every q). Real files: every block of SmolLM2's; a block whose min is tiny beside d 2^12 is not.
+inline bool slots_exact(const uint8_t* b) {
+    const float d = half_at(b), m = half_at(b + 2);
+    for (int s : kSlotShift) {
+        const float dp = d * static_cast<float>(1 << s);  // exact: a power of two, no overflow from fp16
+        const float c = m - dp;
+        if (static_cast<double>(c) != static_cast<double>(m) - static_cast<double>(dp)) return false;
+    }
+    return true;
 }
 
 inline Format packed_format_of(int64_t group_bytes) {
@@ -84,7 +119,7 @@ inline float packed_value(Format f, const uint8_t* g, int r, int e) {
     if (f == Format::kQ8_0) {
         q = static_cast<int8_t>(g[L.q + kLanes * e + r]);
     } else {
-        q = (g[L.q + kLanes * (e / 2) + r] >> (4 * (e % 2))) & 0x0F;
+        q = slot_words(f) ? slot_nibble(g + L.q, r, e) : (g[L.q + kLanes * (e / 2) + r] >> (4 * (e % 2))) & 0x0F;
         if (L.fifth >= 0) {
             uint16_t bits;
             std::memcpy(&bits, g + L.fifth + 2 * e, 2);
@@ -113,8 +148,9 @@ inline float packed_value(Format f, const uint8_t* g, int r, int e) {
     }
 }
 
-// Writes row r (0-15) of a group-block from stored block b.
-inline void pack_row(Format f, const uint8_t* b, int r, uint8_t* g) {
+// Writes row r (0-15) of a group-block in format f from stored block b of format `stored` (f itself, or Q4_1
+// blocks packed as Q5_1: the same d and m, fifth bits zero).
+inline void pack_row(Format f, Format stored, const uint8_t* b, int r, uint8_t* g) {
     const PackedLayout L = packed_layout(f);
     const int n = elements(f);
     if (f == Format::kQ6_K) {
@@ -133,9 +169,17 @@ inline void pack_row(Format f, const uint8_t* b, int r, uint8_t* g) {
         }
     }
     for (int e = 0; e < n; ++e) {
-        const int q = stored_q(f, b, e);
+        const int q = stored_q(stored, b, e);
         if (f == Format::kQ8_0) {
             g[L.q + kLanes * e + r] = static_cast<uint8_t>(q);
+            continue;
+        }
+        if (slot_words(f)) {
+            uint8_t* word = g + L.q + 64 * (e / 8) + 4 * r;
+            uint32_t v;
+            std::memcpy(&v, word, 4);
+            v |= rotl32(static_cast<uint32_t>(q & 0x0F), kSlotBit[e % 8]);
+            std::memcpy(word, &v, 4);
             continue;
         }
         g[L.q + kLanes * (e / 2) + r] |= static_cast<uint8_t>((q & 0x0F) << (4 * (e % 2)));
