@@ -31,12 +31,10 @@ using quant::kLanes;
 using quant::packed_layout;
 
 constexpr int64_t kDirectRows = kQuantDirectRows;  // up to this many rows, vectors meet the rows as they are decoded
-// Groups (of 16 outputs) in flight per row on that path: 4, whose chains overlap the decode's latency (every format
-// but Q8_0 is decode-bound at few rows); Q8_0 at one or two rows is bound by the memory stream, which runs faster
-// as two streams than as four (LM heads in a decode step: 11-15% less time, benchmarks/README.md; from L3, a
-// matrix read again at once, four are faster, which a model's weights never are).
-template <Format F, int M>
-constexpr int kDirectGroups = F == Format::kQ8_0 && M <= 2 ? 2 : 4;
+// Groups (of 16 outputs) in flight per row on that path: 4, whose chains overlap the decode's latency. (Q8_0 ran two
+// at one or two rows while its decode was an extraction, a conversion and a multiply: with slot words four are
+// 6-12% faster on a 49,152-row LM head, benchmarks/README.md.)
+constexpr int kDirectGroups = 4;
 constexpr int64_t kRowChunk = 192;   // rows per decoded panel on the panel path (panel_linear.cc's chunk)
 constexpr int64_t kLongStream = 32 * 1024;  // a group's bytes (all of K) from which the few-row path prefetches within it
 
@@ -67,16 +65,32 @@ struct Scales {
 template <Format F>
 struct Codec;
 
+// Q8_0: slot words of bytes (quant_packed.h), a unit per word: the word and it rotated by 16 hold two elements'
+// q + 128 each at bits 15 and 7; (word & the byte) | the exponent of 2^(15 - p) is 2^(15 - p) + (q + 128) / 256,
+// and 256 d times that plus c_p (-384 d, -65664 d) is d q exactly.
 template <>
 struct Codec<Format::kQ8_0> {
-    static constexpr int kSections = 1, kUnits = 32;
-    using Scales = rtp_llm::Scales;
-    RTP_AVX512 static Scales scales(const uint8_t* g, int) { return {halves16(g), _mm512_setzero_ps()}; }
+    static constexpr quant::PackedLayout L = packed_layout(Format::kQ8_0);
+    static constexpr int kSections = 1, kUnits = 8;
+    using Scales = rtp_llm::Scales;  // a: 256 d; b: -384 d (c at bit 15), c at bit 7 made from it
+    RTP_AVX512 static Scales scales(const uint8_t* g, int) {
+        const __m512 d = halves16(g + L.d);
+        return {_mm512_mul_ps(d, _mm512_set1_ps(256.f)), _mm512_mul_ps(d, _mm512_set1_ps(-384.f))};
+    }
     template <typename Emit>
     RTP_AVX512 static __attribute__((always_inline)) inline void unit(const uint8_t* g, const Scales& sc, int, int u,
                                                                       Emit&& emit) {
-        const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 32 + 16 * u)));
-        emit(u, _mm512_mul_ps(_mm512_cvtepi32_ps(q), sc.a));
+        const __m512i w = _mm512_loadu_si512(g + L.q + 64 * u);
+        const __m512i rotated[2] = {w, _mm512_rol_epi32(w, 16)};
+        // -65664 d = 171 (-384 d): exact (d has 11 significant bits, 171 eight)
+        const __m512 c7 = _mm512_mul_ps(sc.b, _mm512_set1_ps(171.f));
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+            const int j = i % 2;  // slot: bit 15 - 8 j, exponent 127 + 8 j
+            const __m512i f = _mm512_ternarylogic_epi32(rotated[i / 2], _mm512_set1_epi32(0xFF << (15 - 8 * j)),
+                                                        _mm512_set1_epi32((127 + 8 * j) << 23), 0xEA);
+            emit(4 * u + i, _mm512_fmadd_ps(sc.a, _mm512_castsi512_ps(f), j ? c7 : sc.b));
+        }
     }
 };
 
@@ -290,7 +304,7 @@ RTP_AVX512_BF16 void direct_gated(const uint8_t* w, int64_t group_bytes, const f
 template <Format F, int M>
 RTP_AVX512 void direct_m(const uint8_t* w, int64_t group_bytes, const float* x, const float* bias, float* out,
                          int64_t k, int64_t n, int64_t g0, int64_t g1) {
-    constexpr int G = kDirectGroups<F, M>;
+    constexpr int G = kDirectGroups;
     // a step requests the groups of the next one in this range, else the first of the range this thread will most
     // likely claim next: past the range they are likely another thread's (at N = 896, 14 steps in all)
     auto ahead = [&](int64_t next) -> const char* {
@@ -410,7 +424,7 @@ void run(const uint8_t* w, const float* x, const float* bias, float* out, int64_
     if (!Gated && m <= kDirectRows) {
         // ranges of kDirectGroups groups, so that a range's outputs run that many chains per row
         auto rows = [&](auto mc) {
-            constexpr int M = decltype(mc)::value, G = kDirectGroups<F, M>;
+            constexpr int M = decltype(mc)::value, G = kDirectGroups;
             parallel_for(0, (groups + G - 1) / G, 1, [&](int64_t c0, int64_t c1) {
                 direct_m<F, M>(w, group_bytes, x, bias, out, k, n, c0 * G, std::min(groups, c1 * G));
             });

@@ -6,7 +6,7 @@
 //
 // Packed weight: uint8 [ceil(N / 16), K / elements(f), 16 * row bytes]; rows past N are zero (weights 0).
 // A group-block (16 rows x the block's elements; "[a][16]" = 16 values, one per row, for each a):
-//   Q8_0  d[16] fp16 | q[32][16] int8
+//   Q8_0  d[16] fp16 | words[8][16] uint32       word [w][r]: row r's elements 4w..4w+3, q + 128 a byte each
 //   Q4_0  words[4][16] uint32 | d[16]           word [w][r]: row r's elements 8w..8w+7, a nibble each (slots below)
 //   Q4_1  d[16] | m[16] | words[4][16]           (a tensor with a block whose slots are inexact: packed as Q5_1)
 //   Q5_0  d[16] | fifth[32] uint16 | nib[16][16]  fifth[e] bit r: row r's element e's bit 4
@@ -24,6 +24,8 @@
 // when c is exact: always for Q4_0 (c = -(8 + 2^s) d has at most 21 significant bits), checked per block at pack
 // time for Q4_1 (slots_exact). The AVX-512 decode is then a mask-or, an FMA and an eighth of a rotation per weight
 // instead of an extraction, a conversion and an FMA (benchmarks/README.md: issue 21).
+// Q8_0 the same way with bytes: element 4w + i's q + 128 at bits kByteSlotBit[i].. of its word, two at bits 15 and
+// 7 of the word and two of it rotated by 16; 256 d f + c = d q exactly (c = -384 d or -65664 d: exact).
 #pragma once
 
 #include "rtp_llm/cpp/cpu/quant_blocks.h"
@@ -52,18 +54,33 @@ constexpr PackedLayout packed_layout(Format f) {
     }
 }
 
-// Whether the format's nibbles are packed in slot words (above), and element i's (of 8) bit in its word.
-constexpr bool slot_words(Format f) { return f == Format::kQ4_0 || f == Format::kQ4_1; }
+// Whether the format's quants are packed in slot words (above), and element i's (of 8 nibbles, 4 bytes) bit in its
+// word.
+constexpr bool slot_words(Format f) { return f == Format::kQ4_0 || f == Format::kQ4_1 || f == Format::kQ8_0; }
 constexpr int kSlotBit[8] = {19, 15, 11, 7, 3, 31, 27, 23};
+constexpr int kByteSlotBit[4] = {15, 7, 31, 23};
 constexpr int kSlotShift[3] = {4, 8, 12};  // d's exponent steps for the slots at bits 19, 15, 11 (23 - bit)
 
 inline uint32_t rotl32(uint32_t v, int by) { return by == 0 ? v : (v << by) | (v >> (32 - by)); }
 
-// The nibble of element e (0..31) in row r's slot words.
-inline int slot_nibble(const uint8_t* words, int r, int e) {
+// The quant of element e (0..31) in row r's slot words, as stored (Q8_0: q + 128).
+inline int slot_quant(Format f, const uint8_t* words, int r, int e) {
+    const bool bytes = f == Format::kQ8_0;
+    const int per = bytes ? 4 : 8, bit = bytes ? kByteSlotBit[e % 4] : kSlotBit[e % 8];
     uint32_t v;
-    std::memcpy(&v, words + 64 * (e / 8) + 4 * r, 4);
-    return static_cast<int>(rotl32(v, (32 - kSlotBit[e % 8]) % 32) & 0x0F);
+    std::memcpy(&v, words + 64 * (e / per) + 4 * r, 4);
+    return static_cast<int>(rotl32(v, (32 - bit) % 32) & (bytes ? 0xFF : 0x0F));
+}
+
+// Sets element e's quant (Q8_0: q + 128) in row r's slot words.
+inline void set_slot_quant(Format f, uint8_t* words, int r, int e, int q) {
+    const bool bytes = f == Format::kQ8_0;
+    const int per = bytes ? 4 : 8, bit = bytes ? kByteSlotBit[e % 4] : kSlotBit[e % 8];
+    uint8_t* word = words + 64 * (e / per) + 4 * r;
+    uint32_t v;
+    std::memcpy(&v, word, 4);
+    v |= rotl32(static_cast<uint32_t>(q & (bytes ? 0xFF : 0x0F)), bit);
+    std::memcpy(word, &v, 4);
 }
 
 // Q4_1: whether a stored block's c = m - d 2^s is exact in float32 for every slot (then the slot decode gives
@@ -117,9 +134,9 @@ inline float packed_value(Format f, const uint8_t* g, int r, int e) {
     const float d = half_at(g + L.d + 2 * r);
     int q;
     if (f == Format::kQ8_0) {
-        q = static_cast<int8_t>(g[L.q + kLanes * e + r]);
+        q = slot_quant(f, g + L.q, r, e) - 128;
     } else {
-        q = slot_words(f) ? slot_nibble(g + L.q, r, e) : (g[L.q + kLanes * (e / 2) + r] >> (4 * (e % 2))) & 0x0F;
+        q = slot_words(f) ? slot_quant(f, g + L.q, r, e) : (g[L.q + kLanes * (e / 2) + r] >> (4 * (e % 2))) & 0x0F;
         if (L.fifth >= 0) {
             uint16_t bits;
             std::memcpy(&bits, g + L.fifth + 2 * e, 2);
@@ -170,16 +187,8 @@ inline void pack_row(Format f, Format stored, const uint8_t* b, int r, uint8_t* 
     }
     for (int e = 0; e < n; ++e) {
         const int q = stored_q(stored, b, e);
-        if (f == Format::kQ8_0) {
-            g[L.q + kLanes * e + r] = static_cast<uint8_t>(q);
-            continue;
-        }
         if (slot_words(f)) {
-            uint8_t* word = g + L.q + 64 * (e / 8) + 4 * r;
-            uint32_t v;
-            std::memcpy(&v, word, 4);
-            v |= rotl32(static_cast<uint32_t>(q & 0x0F), kSlotBit[e % 8]);
-            std::memcpy(word, &v, 4);
+            set_slot_quant(f, g + L.q, r, e, f == Format::kQ8_0 ? q + 128 : q);
             continue;
         }
         g[L.q + kLanes * (e / 2) + r] |= static_cast<uint8_t>((q & 0x0F) << (4 * (e % 2)));
