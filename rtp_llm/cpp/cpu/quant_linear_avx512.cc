@@ -53,10 +53,10 @@ RTP_AVX512 inline __mmask16 mask_at(const uint8_t* p) {
 }
 
 // A group-block decodes in sections (those sharing their scales: the whole block, a k-quant's sub-block of 32, a
-// Q6_K scale's 16 elements), each in units (the elements one load of quant bytes gives: 1 for Q8_0, 2 for a
-// nibble byte, 4 for a Q6_K high-bits byte, 3 or 2 for a rotation of a slot word). Codec<F>::scales(g, s) gives section s's scale vectors,
-// unit(g, sc, s, u, emit) calls emit(e, v) for the unit's elements in order: v = element e's 16 rows (lanes), each
-// exactly quant::packed_value's float32. The few-row path interleaves units of several groups (so that their FMA
+// Q6_K scale's 16 elements), each in units (the elements one load of quant bytes gives: 2 for a nibble byte, 4 for
+// a Q6_K high-bits byte, 8 or 4 for a slot word of nibbles or bytes). Codec<F>::scales(g, s) gives section s's
+// scale vectors, unit(g, sc, s, u, emit) calls emit(e, v) for the unit's elements in order: v = element e's 16
+// rows (lanes), each exactly quant::packed_value's float32. The few-row path interleaves units of several groups (so that their FMA
 // chains overlap); the panel path runs them in order.
 struct Scales {
     __m512 a, b;
@@ -94,10 +94,11 @@ struct Codec<Format::kQ8_0> {
     }
 };
 
-// Q4_0, Q4_1: slot words (quant_packed.h), a unit per word: the word, and it rotated left by 12 and by 24, hold
-// its 8 elements' nibbles at bits 19, 15, 11 (3, 3, 2). (word & the nibble) | the exponent of 2^(19 - p) is the
-// float 2^(19 - p) + q / 16, so one scale 16 d serves every slot: 16 d f + c_p = d q + m exactly before the one
-// rounding, with c_p = m - d 2^(23 - p) (Q4_0: -8 d - d 2^(23 - p)).
+// Q4_0, Q4_1, Q5_0: slot words (quant_packed.h; Q5_0's fifth bits stored beside them), a unit per word: the word,
+// and it rotated left by 12 and by 24, hold its 8 elements' nibbles at bits 19, 15, 11 (3, 3, 2). (word & the
+// nibble) | the exponent of 2^(19 - p) is the float 2^(19 - p) + q / 16, so one scale 16 d serves every slot:
+// 16 d f + c_p = d q + m exactly before the one rounding, with c_p = m - d 2^(23 - p) (Q4_0: -8 d - d 2^(23 - p);
+// Q5_0: -16 d - d 2^(23 - p), its fifth bit adding 1 to f).
 struct SlotScales {
     __m512 d16, c[3];
 };
@@ -115,8 +116,8 @@ struct SlotCodec {
             const float step = static_cast<float>(1 << quant::kSlotShift[j]);
             if constexpr (F == Format::kQ4_1) {  // m - d 2^s: exact, or quant_pack made the tensor Q5_1
                 sc.c[j] = _mm512_sub_ps(halves16(g + L.m), _mm512_mul_ps(d, _mm512_set1_ps(step)));
-            } else {  // -(8 + 2^s) d: exact (at most 21 significant bits)
-                sc.c[j] = _mm512_mul_ps(d, _mm512_set1_ps(-(8.f + step)));
+            } else {  // -(8 + 2^s) d, Q5_0 -(16 + 2^s) d: exact (at most 21 significant bits)
+                sc.c[j] = _mm512_mul_ps(d, _mm512_set1_ps(-((F == Format::kQ5_0 ? 16.f : 8.f) + step)));
             }
         }
         return sc;
@@ -131,7 +132,11 @@ struct SlotCodec {
             const int j = i % 3;  // slot: bit 19 - 4 j, exponent 127 + 4 j
             const __m512i f = _mm512_ternarylogic_epi32(rotated[i / 3], _mm512_set1_epi32(0xF << (19 - 4 * j)),
                                                         _mm512_set1_epi32((127 + 4 * j) << 23), 0xEA);
-            emit(8 * u + i, _mm512_fmadd_ps(sc.d16, _mm512_castsi512_ps(f), sc.c[j]));
+            __m512 v = _mm512_castsi512_ps(f);
+            // Q5_0's fifth bit: + 16 / 16, exact (v's lowest bit is 2^-4 and it stays below 2^8)
+            if constexpr (F == Format::kQ5_0)
+                v = _mm512_mask_add_ps(v, mask_at(g + L.fifth + 2 * (8 * u + i)), v, _mm512_set1_ps(1.f));
+            emit(8 * u + i, _mm512_fmadd_ps(sc.d16, v, sc.c[j]));
         }
     }
 };
@@ -140,11 +145,13 @@ template <>
 struct Codec<Format::kQ4_0> : SlotCodec<Format::kQ4_0> {};
 template <>
 struct Codec<Format::kQ4_1> : SlotCodec<Format::kQ4_1> {};
+template <>
+struct Codec<Format::kQ5_0> : SlotCodec<Format::kQ5_0> {};
 
-// Q5_0, Q5_1, Q4_K, Q5_K: one section (the k-quants: 8), 16 nibble bytes of two elements each.
+// Q5_1, Q4_K, Q5_K: one section (the k-quants: 8), 16 nibble bytes of two elements each.
 template <Format F>
 struct Codec {
-    static_assert(F == Format::kQ5_0 || F == Format::kQ5_1 || F == Format::kQ4_K || F == Format::kQ5_K,
+    static_assert(F == Format::kQ5_1 || F == Format::kQ4_K || F == Format::kQ5_K,
                   "the nibble formats");
     using Scales = rtp_llm::Scales;
     static constexpr bool kK = F == Format::kQ4_K || F == Format::kQ5_K;

@@ -9,21 +9,22 @@
 //   Q8_0  d[16] fp16 | words[8][16] uint32       word [w][r]: row r's elements 4w..4w+3, q + 128 a byte each
 //   Q4_0  words[4][16] uint32 | d[16]           word [w][r]: row r's elements 8w..8w+7, a nibble each (slots below)
 //   Q4_1  d[16] | m[16] | words[4][16]           (a tensor with a block whose slots are inexact: packed as Q5_1)
-//   Q5_0  d[16] | fifth[32] uint16 | nib[16][16]  fifth[e] bit r: row r's element e's bit 4
+//   Q5_0  d[16] | fifth[32] uint16 | words[4][16]  fifth[e] bit r: row r's element e's bit 4; nibbles as Q4_0's
 //   Q5_1  d[16] | m[16] | fifth[32] | nib[16][16]
 //   Q4_K  d[16] | dmin[16] | sc[8][16] | mn[8][16] (the 6-bit sub-block scales and mins) | nib[128][16]
 //   Q5_K  Q4_K's, then fifth[256] uint16 after mn
 //   Q6_K  d[16] | sc[16][16] int8 | nib[128][16] | hi[64][16]  hi byte [i][r] bits 2j, 2j+1: element 4i + j's bits 4-5
-//   Q5_0 / Q5_1 / k-quants: nib byte [i][r]: row r's element 2i (low nibble), 2i+1 (high)
+//   Q5_1 / k-quants: nib byte [i][r]: row r's element 2i (low nibble), 2i+1 (high)
 // Values as quant_blocks.h computes them (gguf's float32 arithmetic).
 //
-// Slots (Q4_0, Q4_1): element 8w + i's nibble sits at bits kSlotBit[i].. (mod 32) of its word, so that the word
-// itself, rotated left by 12 and by 24, holds three elements' nibbles at bits 19, 15 and 11 (two at 19, 15 in the
-// last). A nibble q at bit p, or'ed into the bits of 1.0f, is the float 1 + q 2^(p-23); the weight d q + m is then
-// one FMA of it with d 2^(23-p) and c = m - d 2^(23-p) (Q4_0: -8 d - d 2^(23-p)), rounded once to gguf's value
-// when c is exact: always for Q4_0 (c = -(8 + 2^s) d has at most 21 significant bits), checked per block at pack
-// time for Q4_1 (slots_exact). The AVX-512 decode is then a mask-or, an FMA and an eighth of a rotation per weight
-// instead of an extraction, a conversion and an FMA (benchmarks/README.md: issue 21).
+// Slots (Q4_0, Q4_1, Q5_0's low 4 bits): element 8w + i's nibble sits at bits kSlotBit[i].. (mod 32) of its word,
+// so that the word itself, rotated left by 12 and by 24, holds three elements' nibbles at bits 19, 15 and 11 (two
+// at 19, 15 in the last). A nibble q at bit p, masked and or'ed into the exponent of 2^(19-p), is the float
+// 2^(19-p) + q / 16 (Q5_0's fifth bit adds 1, exactly); the weight d q + m is then one FMA of it with 16 d and
+// c = m - d 2^(23-p) (Q4_0: -(8 + 2^(23-p)) d; Q5_0: -(16 + 2^(23-p)) d), rounded once to gguf's value when c is
+// exact: always for Q4_0 and Q5_0 (at most 21 significant bits), checked per block at pack time for Q4_1
+// (slots_exact). The AVX-512 decode is then a mask-or, an FMA and an eighth of a rotation per weight instead of an
+// extraction, a conversion and an FMA (benchmarks/README.md: issue 21).
 // Q8_0 the same way with bytes: element 4w + i's q + 128 at bits kByteSlotBit[i].. of its word, two at bits 15 and
 // 7 of the word and two of it rotated by 16; 256 d f + c = d q exactly (c = -384 d or -65664 d: exact).
 #pragma once
@@ -56,7 +57,9 @@ constexpr PackedLayout packed_layout(Format f) {
 
 // Whether the format's quants are packed in slot words (above), and element i's (of 8 nibbles, 4 bytes) bit in its
 // word.
-constexpr bool slot_words(Format f) { return f == Format::kQ4_0 || f == Format::kQ4_1 || f == Format::kQ8_0; }
+constexpr bool slot_words(Format f) {
+    return f == Format::kQ4_0 || f == Format::kQ4_1 || f == Format::kQ5_0 || f == Format::kQ8_0;
+}
 constexpr int kSlotBit[8] = {19, 15, 11, 7, 3, 31, 27, 23};
 constexpr int kByteSlotBit[4] = {15, 7, 31, 23};
 constexpr int kSlotShift[3] = {4, 8, 12};  // d's exponent steps for the slots at bits 19, 15, 11 (23 - bit)
@@ -187,11 +190,10 @@ inline void pack_row(Format f, Format stored, const uint8_t* b, int r, uint8_t* 
     }
     for (int e = 0; e < n; ++e) {
         const int q = stored_q(stored, b, e);
-        if (slot_words(f)) {
+        if (slot_words(f))
             set_slot_quant(f, g + L.q, r, e, f == Format::kQ8_0 ? q + 128 : q);
-            continue;
-        }
-        g[L.q + kLanes * (e / 2) + r] |= static_cast<uint8_t>((q & 0x0F) << (4 * (e % 2)));
+        else if (f != Format::kQ8_0)
+            g[L.q + kLanes * (e / 2) + r] |= static_cast<uint8_t>((q & 0x0F) << (4 * (e % 2)));
         if (L.fifth >= 0 && (q & 0x10)) {
             uint16_t bits;
             std::memcpy(&bits, g + L.fifth + 2 * e, 2);
