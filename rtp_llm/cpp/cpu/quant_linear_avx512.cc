@@ -407,34 +407,29 @@ std::pair<const char*, int64_t> next_panel_blocks(const uint8_t* w, int64_t grou
 }
 
 // Gated: the rows are pack_gated_panels' order and n is the activation's width I (ceil(I / 24) panels of 24 gate
-// and 24 up columns, bias in that order): out [m, I] = silu(gate) * up from the tiles' epilogue (m > kDirectRows).
+// and 24 up columns, bias in that order): out [m, I] = silu(gate) * up from the tiles' epilogue (or direct_gated's).
 template <Format F, bool Gated = false>
 void run(const uint8_t* w, const float* x, const float* bias, float* out, int64_t m, int64_t k, int64_t n) {
     constexpr int64_t kOut = Gated ? kPanelCols / 2 : kPanelCols;  // output columns per panel
     const int64_t panels = (n + kOut - 1) / kOut;
     const int64_t group_bytes = k / quant::elements(F) * packed_layout(F).bytes;
     const int64_t groups = Gated ? panels * (kPanelCols / kLanes) : (n + kLanes - 1) / kLanes;
-    if (Gated && m <= kDirectRows) {
+    if (m <= kDirectRows) {
+        // ranges of kDirectGroups groups, so that a range's outputs run that many chains per row; gated: of whole
+        // panels, two at a time up to two rows
         auto rows = [&](auto mc) {
-            constexpr int M = decltype(mc)::value, P = M <= 2 ? 2 : 1;
-            parallel_for(0, (panels + P - 1) / P, 1, [&](int64_t c0, int64_t c1) {
-                direct_gated_m<F, M>(w, group_bytes, x, bias, out, k, n, c0 * P, std::min(panels, c1 * P));
-            });
-        };
-        switch (m) {
-            case 1: return rows(std::integral_constant<int, 1>());
-            case 2: return rows(std::integral_constant<int, 2>());
-            case 3: return rows(std::integral_constant<int, 3>());
-            default: return rows(std::integral_constant<int, 4>());
-        }
-    }
-    if (!Gated && m <= kDirectRows) {
-        // ranges of kDirectGroups groups, so that a range's outputs run that many chains per row
-        auto rows = [&](auto mc) {
-            constexpr int M = decltype(mc)::value, G = kDirectGroups;
-            parallel_for(0, (groups + G - 1) / G, 1, [&](int64_t c0, int64_t c1) {
-                direct_m<F, M>(w, group_bytes, x, bias, out, k, n, c0 * G, std::min(groups, c1 * G));
-            });
+            constexpr int M = decltype(mc)::value;
+            if constexpr (Gated) {
+                constexpr int P = M <= 2 ? 2 : 1;
+                parallel_for(0, (panels + P - 1) / P, 1, [&](int64_t c0, int64_t c1) {
+                    direct_gated_m<F, M>(w, group_bytes, x, bias, out, k, n, c0 * P, std::min(panels, c1 * P));
+                });
+            } else {
+                constexpr int G = kDirectGroups;
+                parallel_for(0, (groups + G - 1) / G, 1, [&](int64_t c0, int64_t c1) {
+                    direct_m<F, M>(w, group_bytes, x, bias, out, k, n, c0 * G, std::min(groups, c1 * G));
+                });
+            }
         };
         switch (m) {
             case 1: return rows(std::integral_constant<int, 1>());
