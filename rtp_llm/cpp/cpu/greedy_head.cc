@@ -3,7 +3,8 @@
 //
 // Why: with every sampled row greedy (and no penalties or logprobs) only the argmax of the LM head is used,
 // and the LM head is the largest single matrix (SmolLM2: 49152 x 576). Here a bf16 copy of W screens the
-// vocabulary (avx512_bf16 dot products: twice the fp32 FMA rate, half the bytes), a proven error bound per logit
+// vocabulary (avx512_bf16 dot products: twice the fp32 FMA rate, half the bytes; AMX tiles where the CPU has them
+// and K is a multiple of 32, several times faster again at a step's 32 rows), a proven error bound per logit
 // keeps every token that could still be the fp32 argmax, and only those few are recomputed in fp32 in the panel
 // kernel's exact summation order (candidates per row and the speed-up: benchmarks.cpu_greedy_head).
 //
@@ -11,7 +12,10 @@
 // fp32 logit; gamma = K u / (1 - K u), u = 2^-24):
 //   |e_j - x.w_j|     <= gamma |x| |w_j|           (e_j: one FMA chain over K terms)
 //   |a_j - x~.w~_j|   <= gamma |x~| |w~_j| + tiny   (products of bf16 are exact in fp32; <= K rounded adds per
-//                                                   term; "tiny" covers the instruction's denormal flushing)
+//                                                   term, vdpbf16ps's and TDPBF16PS's alike: Intel documents both
+//                                                   as rounding each accumulation to nearest even, and AMX's
+//                                                   measured sums round less; "tiny" covers both instructions'
+//                                                   denormal flushing)
 //   |x.w_j - x~.w~_j| <= |x| |w_j - w~_j| + |x - x~| |w~_j|      (Cauchy-Schwarz)
 // so |e_j - a_j| <= B_j = alpha d_j + beta m_j + delta n_j + c0 with the per-vocab norms d_j = |w_j - w~_j|,
 // m_j = |w~_j|, n_j = |w_j| (packed once, rounded up) and per-row alpha = |x|, beta = |x - x~| + gamma |x~|,

@@ -205,7 +205,10 @@ void panel_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const fl
 
 void panel_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, float* out, int64_t m,
                        int64_t pairs, int64_t n) {
-    panel_linear_any<Bf16PairsFloatOut>(panels, x_pairs, bias, out, m, pairs, n);
+    if (panel::amx_panels(pairs) && bias == nullptr)
+        panel::amx_linear_bf16(panels, x_pairs, out, m, pairs, n);
+    else
+        panel_linear_any<Bf16PairsFloatOut>(panels, x_pairs, bias, out, m, pairs, n);
 }
 
 void panel_linear_silu_fp32(const float* panels, const float* x, const float* bias, float* out, int64_t m,

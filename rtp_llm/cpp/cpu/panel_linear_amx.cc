@@ -131,27 +131,19 @@ RTP_AMX void amx_rows32(const uint32_t* pan, const uint32_t* x0, const uint32_t*
 }
 
 // panel_linear_any on AMX (pairs % 16 == 0): row chunks, panels split across threads, each panel by the chunk's
-// blocks of 32 rows. Up to 16 rows the tiles are configured with m rows; past that the rows after the last
-// whole 16 are copied into 16 zero-padded rows.
+// blocks of 32 rows (AmxRows).
 template <typename E, bool Gated = false>
 void amx_linear_any(const uint32_t* panels, const uint32_t* x, const float* bias, typename E::Out* out, int64_t m,
                     int64_t pairs, int64_t n) {
     constexpr int64_t oc = kOutCols<Gated>;
     const int64_t np = (n + oc - 1) / oc;
     const Following after = following_gemm();
-    const int tile_rows = static_cast<int>(std::min(m, kAmxRows));
-    const int64_t whole = m > kAmxRows ? m / kAmxRows * kAmxRows : m;
-    std::vector<uint32_t> tail;
-    if (whole < m) {
-        tail.assign(kAmxRows * pairs, 0u);
-        std::memcpy(tail.data(), x + whole * pairs, static_cast<size_t>((m - whole) * pairs) * 4);
-    }
     static_assert(kRowChunk % (2 * kAmxRows) == 0, "row chunks of whole blocks");
     for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
         const int64_t rows = std::min(kRowChunk, m - r0);
         const bool last = r0 + rows >= m;
         parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
-            amx_configure(tile_rows);
+            const AmxRows amx(x, m, pairs);
             alignas(64) float cbuf[2 * kAmxRows * kPanelCols];
             for (int64_t q = begin; q < end; ++q) {
                 const NextPanel next = next_panel(panels, pairs, q, end, last, after);
@@ -160,28 +152,53 @@ void amx_linear_any(const uint32_t* panels, const uint32_t* x, const float* bias
                 const int64_t blocks = (rows + 2 * kAmxRows - 1) / (2 * kAmxRows);
                 const int64_t per_block = next.panel ? (next.lines + blocks - 1) / blocks : 0;
                 int64_t line = 0;
-                auto rows_at = [&](int64_t r) { return r >= whole ? tail.data() : x + r * pairs; };
                 const uint32_t* pan = panels + q * pairs * kPanelCols;
                 for (int64_t r = r0; r < r0 + rows; r += 2 * kAmxRows) {
                     const int64_t lines = std::max<int64_t>(0, std::min(per_block, next.lines - line));
-                    const char* pf = lines ? next.panel + line * 64 : nullptr;
-                    const int br = static_cast<int>(std::min(2 * kAmxRows, r0 + rows - r));
-                    if (m <= kAmxRows)
-                        amx_rows16(pan, x, pairs, pf, lines, cbuf);
-                    else
-                        amx_rows32(pan, rows_at(r), br > kAmxRows ? rows_at(r + kAmxRows) : nullptr, pairs, pf,
-                                   lines, cbuf);
-                    amx_store<E, Gated>(cbuf, br, bias ? bias + q * kPanelCols : nullptr, out + r * n + q * oc, n,
-                                        cols, exact_from);
+                    const int64_t br = std::min(2 * kAmxRows, r0 + rows - r);
+                    amx.sums(pan, r, br, lines ? next.panel + line * 64 : nullptr, lines, cbuf);
+                    amx_store<E, Gated>(cbuf, static_cast<int>(br), bias ? bias + q * kPanelCols : nullptr,
+                                        out + r * n + q * oc, n, cols, exact_from);
                     line += lines;
                 }
             }
-            amx_release();
         });
     }
 }
 
 }  // namespace
+
+AmxRows::AmxRows(const uint32_t* x_pairs, int64_t m, int64_t pairs)
+    : x_(x_pairs), m_(m), pairs_(pairs), whole_(m > kAmxRows ? m / kAmxRows * kAmxRows : m) {
+    if (whole_ < m_) {
+        tail_.assign(kAmxRows * pairs, 0u);
+        std::memcpy(tail_.data(), x_ + whole_ * pairs, static_cast<size_t>((m_ - whole_) * pairs) * 4);
+    }
+    amx_configure(static_cast<int>(std::min(m, kAmxRows)));
+}
+
+AmxRows::~AmxRows() { amx_release(); }
+
+void AmxRows::sums(const uint32_t* pan, int64_t r, int64_t rows, const char* prefetch, int64_t lines,
+                   float* cbuf) const {
+    const auto rows_at = [&](int64_t i) { return i >= whole_ ? tail_.data() : x_ + i * pairs_; };
+    if (m_ <= kAmxRows)
+        amx_rows16(pan, x_, pairs_, prefetch, lines, cbuf);
+    else
+        amx_rows32(pan, rows_at(r), rows > kAmxRows ? rows_at(r + kAmxRows) : nullptr, pairs_, prefetch, lines, cbuf);
+}
+
+void AmxRows::store_panel(const uint32_t* pan, int64_t r0, int64_t rows, float* out, int64_t ldo, int cols,
+                          const char* prefetch, int64_t lines) const {
+    alignas(64) float cbuf[2 * kAmxRows * kPanelCols];
+    const int64_t blocks = (rows + 2 * kAmxRows - 1) / (2 * kAmxRows), per_block = (lines + blocks - 1) / blocks;
+    for (int64_t r = r0, b = 0; r < r0 + rows; r += 2 * kAmxRows, ++b) {
+        const int64_t from = b * per_block, n = std::max<int64_t>(0, std::min(per_block, lines - from));
+        const int64_t br = std::min(2 * kAmxRows, r0 + rows - r);
+        sums(pan, r, br, n ? prefetch + from * 64 : nullptr, n, cbuf);
+        amx_store<Bf16PairsFloatOut, false>(cbuf, static_cast<int>(br), nullptr, out + (r - r0) * ldo, ldo, cols, cols);
+    }
+}
 
 bool amx_panels(int64_t pairs) { return pairs % kAmxPairs == 0 && cpu_amx_bf16(); }
 
@@ -195,6 +212,10 @@ void amx_linear_silu_bf16(const uint32_t* panels, const uint32_t* x_pairs, const
     amx_linear_any<Bf16Pairs, true>(panels, x_pairs, bias, out, m, pairs, inter);
 }
 
+void amx_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, float* out, int64_t m, int64_t pairs, int64_t n) {
+    amx_linear_any<Bf16PairsFloatOut>(panels, x_pairs, nullptr, out, m, pairs, n);
+}
+
 }  // namespace panel
 }  // namespace rtp_llm
 
@@ -205,6 +226,11 @@ namespace panel {
 bool amx_panels(int64_t) { return false; }
 void amx_linear_bf16(const uint32_t*, const uint32_t*, const float*, c10::BFloat16*, int64_t, int64_t, int64_t) {}
 void amx_linear_silu_bf16(const uint32_t*, const uint32_t*, const float*, c10::BFloat16*, int64_t, int64_t, int64_t) {}
+void amx_linear_bf16(const uint32_t*, const uint32_t*, float*, int64_t, int64_t, int64_t) {}
+AmxRows::AmxRows(const uint32_t* x_pairs, int64_t m, int64_t pairs) : x_(x_pairs), m_(m), pairs_(pairs), whole_(m) {}
+AmxRows::~AmxRows() = default;
+void AmxRows::sums(const uint32_t*, int64_t, int64_t, const char*, int64_t, float*) const {}
+void AmxRows::store_panel(const uint32_t*, int64_t, int64_t, float*, int64_t, int, const char*, int64_t) const {}
 }  // namespace panel
 }  // namespace rtp_llm
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "rtp_llm/cpp/cpu/ops.h"
 
@@ -31,6 +32,33 @@ void amx_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, const floa
                      int64_t m, int64_t pairs, int64_t n);
 void amx_linear_silu_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
                           int64_t m, int64_t pairs, int64_t inter);
+// The same products in float32 (greedy_head's screen of a float32 head).
+void amx_linear_bf16(const uint32_t* panels, const uint32_t* x_pairs, float* out, int64_t m, int64_t pairs, int64_t n);
+
+// Rows of x (bf16 pair steps, amx_panels(pairs)) against pair panels on AMX tiles, on the thread that makes it: it
+// configures the thread's tiles for the rows (up to 16: m rows; more: 16-row tiles, the rows after the last whole
+// 16 copied into zero-padded ones) and releases them when it goes. For panels made while the thread runs, such as
+// a quantized head's decoded panels (quant_linear_avx512.cc's screen).
+class AmxRows {
+  public:
+    AmxRows(const uint32_t* x_pairs, int64_t m, int64_t pairs);
+    ~AmxRows();
+    AmxRows(const AmxRows&) = delete;
+    AmxRows& operator=(const AmxRows&) = delete;
+    // The fp32 sums of rows [r, r + rows) (r a multiple of 32, rows <= 32; up to 16 rows: r 0 and all m rows) by
+    // the panel `pan` ([pairs, 48] pairs) into cbuf [rows, 48]; `lines` cache lines from `prefetch` requested
+    // meanwhile.
+    void sums(const uint32_t* pan, int64_t r, int64_t rows, const char* prefetch, int64_t lines, float* cbuf) const;
+    // Rows [r0, r0 + rows) (r0 a multiple of 32) by the panel, their first `cols` sums stored as floats in out's
+    // rows (ldo apart).
+    void store_panel(const uint32_t* pan, int64_t r0, int64_t rows, float* out, int64_t ldo, int cols,
+                     const char* prefetch, int64_t lines) const;
+
+  private:
+    const uint32_t* x_;
+    int64_t m_, pairs_, whole_;  // whole_: the rows in whole 16-row tiles (all m up to 16)
+    std::vector<uint32_t> tail_;
+};
 
 }  // namespace panel
 }  // namespace rtp_llm

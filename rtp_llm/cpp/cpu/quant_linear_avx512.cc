@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -505,15 +506,21 @@ void screen(const uint8_t* w, const uint32_t* x_pairs, float* out, int64_t m, in
         const int64_t rows = std::min(kRowChunk, m - r0);
         parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
             auto* scratch = reinterpret_cast<uint32_t*>(thread_panel(pairs * kPanelCols));
+            // AMX tiles where the CPU has them (the screen's bound holds for their sums as for vdpbf16ps's)
+            std::optional<panel::AmxRows> amx;
+            if (panel::amx_panels(pairs)) amx.emplace(x_pairs, m, pairs);
             for (int64_t p = p0; p < p1; ++p) {
                 const int64_t g0 = p * kGroupsPerPanel, g1 = std::min(groups, g0 + kGroupsPerPanel);
                 decode_pair_panel<F>(w, group_bytes, k, g0, g1, scratch);
                 // as in run(): without this request the decoding waited on memory for each block (a Q8_0 head
                 // at 32 rows: the decode as long as the bf16 tiles)
                 const auto [ahead, lines] = next_panel_blocks(w, group_bytes, groups, p, p1);
-                panel_block_bf16(scratch, x_pairs + r0 * pairs, out + r0 * n + p * kPanelCols, n, pairs,
-                                 static_cast<int>(std::min<int64_t>(kPanelCols, n - p * kPanelCols)), rows, ahead,
-                                 lines);
+                const int cols = static_cast<int>(std::min<int64_t>(kPanelCols, n - p * kPanelCols));
+                if (amx)
+                    amx->store_panel(scratch, r0, rows, out + r0 * n + p * kPanelCols, n, cols, ahead, lines);
+                else
+                    panel_block_bf16(scratch, x_pairs + r0 * pairs, out + r0 * n + p * kPanelCols, n, pairs, cols,
+                                     rows, ahead, lines);
             }
         });
     }

@@ -25,8 +25,10 @@ def _reference(h, w):
     return K.panel_linear(h, K.pack_panels(w), None, w.shape[0]).argmax(dim=-1)
 
 
+# K % 32 == 0 screens on AMX tiles where the CPU has them (1-16 rows one tile high; 20: a 16-row tile and a
+# zero-padded one; 32), the rest on vdpbf16ps; test_screens_without_amx reruns these with AMX off.
 @pytest.mark.parametrize("rows,n,k", [(1, 4099, 576), (7, 1000, 75), (8, 333, 64), (9, 2048, 130),
-                                      (32, 49152, 576)])
+                                      (20, 3001, 96), (32, 49152, 576)])
 def test_screen_equals_the_argmax_of_the_fp32_logits(rows, n, k):
     g = torch.Generator().manual_seed(rows * 7 + k)
     w = torch.randn(n, k, generator=g) * 0.05
@@ -86,6 +88,23 @@ def test_a_head_of_packed_gguf_blocks_gives_the_argmax_of_its_logits(fmt):
         K.quant_greedy_head(torch.randn(2, 256), packed, bounds, n)
     with pytest.raises(RuntimeError, match="bounds must be"):
         K.quant_greedy_head(h, packed, bounds[:, :10], n)
+
+
+def test_screens_without_amx():
+    """RTP_LLM_CPU_NO_AMX=1 gives the screens an avx512_bf16 CPU without AMX runs (vdpbf16ps tiles): the two tests
+    above in a process of their own (on an AMX CPU they ran the tiles)."""
+    import os
+    import subprocess
+    import sys
+
+    if not K.cpu_amx_bf16():
+        pytest.skip("no AMX on this CPU: the tests above ran the vdpbf16ps tiles")
+    env = dict(os.environ, RTP_LLM_CPU_NO_AMX="1", PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "screen_equals or packed_gguf_blocks"], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "14 passed" in proc.stdout, proc.stdout[-2000:]  # 6 dense shapes, 8 formats
 
 
 def test_rows_with_non_finite_values_are_left_to_the_full_logits():
