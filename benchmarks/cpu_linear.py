@@ -6,7 +6,7 @@ on CPUs without AVX-512), the plain-layout GEMV kernel on few rows, and the pane
     python -m benchmarks.cpu_linear --stream [--dtype float32 bfloat16] [--stream-rows 1 8 16 32 64]
     python -m benchmarks.cpu_linear --gated [--dtype float32 bfloat16] [--rows 1 32 512]
     python -m benchmarks.cpu_linear --quant [--formats Q4_1 Q8_0] [--rows 32] [--model-shapes qwen2.5-0.5b]
-        [--ops OTHER/_ops.so]
+        [--names qkv o gate_up down] [--ops OTHER/_ops.so]
 
 The default mode repeats one weight, which then sits in cache (GFLOP/s; with --dtype bfloat16 the same kinds in bf16:
 torch's and oneDNN's bf16 GEMMs against the bf16 pair panels, shape by shape). --stream runs the four linear layers
@@ -15,8 +15,9 @@ memory: ms per 30 layers and weight GB/s, each kernel in turn over 3 rounds (min
 gate_up + SiLU as the two ops on ordinary panels (panel_linear, then silu_and_mul) against panel_linear_silu on
 gated panels (the SiLU in the GEMM's epilogue, the same bits), alternating, best of 4 x 30 calls. --quant times
 quant_linear on GGUF blocks (the gguf package's quantizer on random weights; SmolLM2's shapes) against the fp32 panel
-kernel on the same matrix dequantized, GFLOP/s with copies streamed past the L3 and with one copy in cache (the same
-sums bit for bit: the blocks decoded into fp32 panels, then the dense panels' tiles); the k-quants (which gguf cannot
+kernel and torch's fp32 GEMM (F.linear) on the same matrix dequantized, GFLOP/s with copies streamed past the L3 and
+with one copy in cache (quant_linear and the panels give the same sums bit for bit: the blocks decoded into fp32
+panels, then the dense panels' tiles); the k-quants (which gguf cannot
 quantize) as random blocks with realistic scales; --model-shapes qwen2.5-0.5b uses Qwen2.5-0.5B's shapes and its
 151,936-row head; --ops times another build of the kernels (an A/B of two builds is two runs, alternated by hand).
 """
@@ -54,6 +55,7 @@ def main() -> None:
     ap.add_argument("--quant", action="store_true", help="GGUF blocks (quant_linear) vs dequantized fp32 panels")
     ap.add_argument("--formats", nargs="+", default=["Q4_1", "Q8_0"], help="with --quant")
     ap.add_argument("--model-shapes", choices=["smollm2", "qwen2.5-0.5b"], default="smollm2", help="with --quant")
+    ap.add_argument("--names", nargs="+", help="with --quant: only these shapes (qkv o gate_up down lm_head)")
     ap.add_argument("--ops", help="with --quant: this _ops.so instead of rtp_llm's (another build, for an A/B)")
     args = ap.parse_args()
     from rtp_llm._native import ops
@@ -69,7 +71,8 @@ def main() -> None:
         return _gated(kernels, args.dtype, args.rows)
     if args.quant:
         return _quant(kernels, args.formats, args.rows if args.rows != ap.get_default("rows") else [32],
-                      QWEN_SHAPES if args.model_shapes == "qwen2.5-0.5b" else SHAPES)
+                      {n: s for n, s in (QWEN_SHAPES if args.model_shapes == "qwen2.5-0.5b" else SHAPES).items()
+                       if not args.names or n in args.names})
     _in_cache(kernels, args.dtype if "--dtype" in sys.argv else ["float32"], args.rows)
 
 
@@ -151,10 +154,12 @@ def _quant(kernels, formats, row_counts, shapes, copies_bytes: float = 150e6, ro
             if k % (256 if fmt.endswith("_K") else 32):
                 continue  # llama.cpp writes such a matrix in another format
             blocks = _random_blocks(fmt, n, k)
-            panels = kernels.pack_panels(kernels.quant_dequantize(blocks))
+            dense = kernels.quant_dequantize(blocks)
+            panels = kernels.pack_panels(dense)
             blocks = kernels.quant_pack([blocks])  # as the CPU planner holds them
             qs = [blocks.clone() for _ in range(int(copies_bytes // blocks.numel()) + 1)]
             ps = [panels.clone() for _ in range(int(copies_bytes // (panels.numel() * 4)) + 1)]
+            ds = [dense.clone() for _ in range(len(ps))]
             for rows in row_counts:
                 x, flop = torch.randn(rows, k), 2 * rows * k * n / 1e9
 
@@ -171,8 +176,11 @@ def _quant(kernels, formats, row_counts, shapes, copies_bytes: float = 150e6, ro
                 q_c = rate(lambda b: kernels.quant_linear(x, qs[0], None, n), qs)
                 p_s = rate(lambda p: kernels.panel_linear(x, p, None, n), ps)
                 p_c = rate(lambda p: kernels.panel_linear(x, ps[0], None, n), ps)
+                t_s = rate(lambda d: F.linear(x, d), ds)
+                t_c = rate(lambda d: F.linear(x, ds[0]), ds)
                 print(f"{fmt} {name:8s} rows {rows:3d}: quant_linear {q_s:5.0f} streamed {q_c:5.0f} in cache  "
-                      f"fp32 panels (dequantized) {p_s:5.0f} streamed {p_c:5.0f} in cache  GFLOP/s", flush=True)
+                      f"fp32 panels (dequantized) {p_s:5.0f} streamed {p_c:5.0f} in cache  "
+                      f"torch F.linear (dequantized) {t_s:5.0f} streamed {t_c:5.0f} in cache  GFLOP/s", flush=True)
 
 
 def _stream(kernels, dtypes, row_counts, layers: int = 30, rounds: int = 3) -> None:
