@@ -5,7 +5,9 @@
 // Why a kernel: the reference path gathers every sequence's K and V into padded temporaries and runs
 // masked SDPA with the KV heads expanded, reading the cache twice and writing it once per layer per
 // step. Here each sequence's task reads its keys and values once, for all query heads (GQA groups
-// share their KV head's row), with a float32 softmax. Tasks run in parallel with at::parallel_for.
+// share their KV head's row), with a float32 softmax. Tasks run in parallel (work_pool.h); with fewer sequences
+// than threads and a long one, each sequence's keys, softmax rows and value columns are split across the threads
+// instead (long_sequence), which gives the same bits.
 // The AVX2 path scores eight keys per pass, uses a vectorised exp, keeps the value accumulators in
 // registers over 16-token tiles and prefetches rows into L2 (benchmarks.cpu_decode_attention measures it).
 #include <ATen/ATen.h>
@@ -165,6 +167,44 @@ void attend_scalar(const SeqRows<T>& keys, const SeqRows<T>& values, const float
     }
 }
 
+#ifdef __AVX2__
+// The keys of one long sequence per parallel range, the unit a multiple of the scores' 8-key groups.
+constexpr int64_t kKeyRange = 64;
+// From this many keys on, a sequence with threads to spare runs long_sequence (benchmarks.cpu_decode_attention
+// --batch 1, benchmarks/README.md).
+constexpr int64_t kSplitKeys = 128;
+
+// Sequence b of decode_kernel's batch in three parallel loops (see there).
+template <typename T>
+void long_sequence(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                   const at::Tensor& block_table, int64_t b, int64_t len, double scale, at::Tensor& out) {
+    const int64_t heads = q.size(1), dim = q.size(2), block_size = k_cache.size(1), kv_heads = k_cache.size(2);
+    const int64_t group = heads / kv_heads, token_stride = kv_heads * dim;
+    const T* qp = q.data_ptr<T>() + b * q.stride(0);
+    const int32_t* bt = block_table.data_ptr<int32_t>() + b * block_table.size(1);
+    std::vector<float> qf(heads * dim), scores(heads * len), acc(heads * dim);
+    const float fscale = static_cast<float>(scale);  // as decode_kernel scales
+    for (int64_t i = 0; i < heads * dim; ++i) qf[i] = static_cast<float>(qp[i]) * fscale;
+    const SeqRows<T> keys{k_cache.data_ptr<T>(), bt, block_size, token_stride};
+    const SeqRows<T> values{v_cache.data_ptr<T>(), bt, block_size, token_stride};
+    parallel_for(0, (len + kKeyRange - 1) / kKeyRange, 1, [&](int64_t r0, int64_t r1) {
+        attention_key_range_avx512(keys, qf.data(), len, dim, group, kv_heads, r0 * kKeyRange,
+                                   std::min(len, r1 * kKeyRange), scores.data());
+    });
+    parallel_for(0, heads, 1, [&](int64_t h0, int64_t h1) {
+        for (int64_t h = h0; h < h1; ++h) softmax_row_avx512(&scores[h * len], len, len);
+    });
+    const int64_t strips = token_stride / 16, parts = std::min<int64_t>(at::get_num_threads(), strips);
+    parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p)
+            attention_value_columns_avx512(values, scores.data(), len, dim, group, 16 * (strips * p / parts),
+                                           16 * (strips * (p + 1) / parts), acc.data());
+    });
+    T* op = out.data_ptr<T>() + b * heads * dim;
+    for (int64_t i = 0; i < heads * dim; ++i) op[i] = static_cast<T>(acc[i]);
+}
+#endif
+
 template <typename T>
 void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                    const at::Tensor& block_table, const std::vector<int64_t>& kv_lens, double scale, at::Tensor& out) {
@@ -182,6 +222,21 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
                       cpu_avx512();
 #endif
 
+#ifdef __AVX2__
+    // Fewer sequences than threads and a long one (batch 1 on a long context): the sequences one at a time, each
+    // in three loops over every thread: its keys in ranges of whole rows, the softmax rows, its values' columns in
+    // one contiguous range per thread. Splitting the KV heads instead (below) leaves a thread idle when they do not
+    // divide among the threads (SmolLM2's 3 on 2) and has each task read a strided third of every row. The same
+    // bits either way: every score, softmax row and value column is computed whole, in its fixed order.
+    if (wide && batch > 0 && batch < at::get_num_threads() &&
+        *std::max_element(kv_lens.begin(), kv_lens.end()) >= kSplitKeys) {
+        if constexpr (std::is_same_v<T, float> || std::is_same_v<T, at::BFloat16>) {
+            for (int64_t b = 0; b < batch; ++b)
+                long_sequence<T>(q, k_cache, v_cache, block_table, b, kv_lens[b], scale, out);
+            return;
+        }
+    }
+#endif
     // One task per sequence, tokens in the outer loop and KV heads inside: each token's whole row is
     // read once, in address order within a block (per-(sequence, KV head) tasks hop across rows and were
     // slower). With fewer sequences than threads, tasks split the KV heads again so every thread has work.

@@ -20,7 +20,11 @@
     template void attention_values_avx512<T>(const SeqRows<T>&, const float*, int64_t, int64_t, int64_t, int64_t, \
                                              int64_t, float*);                                                  \
     template void query_scores_avx512<T>(const SeqRows<T>&, int64_t, const float*, int64_t, int64_t, int64_t,     \
-                                         float*, int64_t);
+                                         float*, int64_t);                                                      \
+    template void attention_key_range_avx512<T>(const SeqRows<T>&, const float*, int64_t, int64_t, int64_t,       \
+                                                int64_t, int64_t, int64_t, float*);                             \
+    template void attention_value_columns_avx512<T>(const SeqRows<T>&, const float*, int64_t, int64_t, int64_t,   \
+                                                    int64_t, int64_t, float*);
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include "rtp_llm/cpp/cpu/vec/avx512.h"
@@ -89,13 +93,14 @@ RTP_AVX512 inline void score_heads(const T* const* rows, int64_t off, const floa
 // so that each token row is read once while in L1, then the tail one key at a time. `ahead`: prefetch the rows
 // kAheadTokens ahead (decode, rows from memory; the prefill kernel's keys are already in L2), and with them the
 // rows of values(t) for t < with_values.
+// Keys [j0, len) only with j0 > 0 (a multiple of 8, so the 8-key groups are the whole sequence's).
 template <int D, typename T>
 RTP_AVX512 void scores_of_heads(const SeqRows<T>& keys, int64_t g0, int64_t g1, const float* q, int64_t heads,
                                 int64_t dim, int64_t len, float* scores, int64_t lds, bool ahead,
-                                const SeqRows<T>* values = nullptr, int64_t with_values = 0) {
+                                const SeqRows<T>* values = nullptr, int64_t with_values = 0, int64_t j0 = 0) {
     const int64_t row_bytes = keys.token_stride * sizeof(T);
     const T* rows[8];
-    int64_t j = 0;
+    int64_t j = j0;
     for (; j + 8 <= len; j += 8) {
         if (ahead) {
             for (int64_t t = j + kAheadTokens; t < std::min(len, j + kAheadTokens + 8); ++t) {
@@ -169,7 +174,77 @@ RTP_AVX512 void values_of_heads(const SeqRows<T>& values, const float* probs, in
     });
 }
 
+// Columns [c0, c1) (multiples of 16) of the token rows' values, every KV head's part of them, for its query heads:
+// each output column sums its tokens in order, as values_of_heads does, so a split by columns changes no bit. The
+// walk is for_each_value_tile's, its prefetches only the range's bytes of each row.
+template <typename T>
+RTP_AVX512 void values_of_columns(const SeqRows<T>& values, const float* probs, int64_t len, int64_t dim,
+                                  int64_t group, int64_t c0, int64_t c1, float* acc) {
+    const int64_t g0 = c0 / dim, g1 = (c1 + dim - 1) / dim, bytes = (c1 - c0) * sizeof(T);
+    auto cols_of = [&](int64_t g) {
+        return std::pair<int64_t, int64_t>{std::max(c0, g * dim) - g * dim, std::min(c1, (g + 1) * dim) - g * dim};
+    };
+    for (int64_t g = g0; g < g1; ++g) {
+        const auto [lo, hi] = cols_of(g);
+        for (int64_t h = g * group; h < (g + 1) * group; ++h) std::fill(acc + h * dim + lo, acc + h * dim + hi, 0.f);
+    }
+    const T* rows[kValueTile];
+    for (int64_t t0 = 0; t0 < len; t0 += kValueTile) {
+        const int64_t n = std::min(kValueTile, len - t0);
+        for (int64_t t = t0 + kValueTile; t < len && t < t0 + 2 * kValueTile; ++t) prefetch_row(values(t) + c0, bytes);
+        for (int64_t t = 0; t < n; ++t) rows[t] = values(t0 + t);
+        for (int64_t g = g0; g < g1; ++g) {
+            const auto [lo, hi] = cols_of(g);
+            for (int64_t h = g * group; h < (g + 1) * group; h += kHeadsPerPass) {
+                const int64_t nh = std::min<int64_t>(kHeadsPerPass, (g + 1) * group - h);
+                const float* p = probs + h * len + t0;
+                float* a = acc + h * dim;
+                for (int64_t c = lo; c < hi;) {
+                    const int64_t strips = std::min<int64_t>(4, (hi - c) / 16);
+                    auto run = [&](auto nh_c, auto cols_c) {
+                        value_tile<decltype(nh_c)::value, decltype(cols_c)::value>(rows, g * dim, n, c, p, len, a,
+                                                                                    dim);
+                    };
+                    auto by_cols = [&](auto nh_c) {
+                        switch (strips) {
+                            case 4: run(nh_c, std::integral_constant<int, 4>()); break;
+                            case 3: run(nh_c, std::integral_constant<int, 3>()); break;
+                            case 2: run(nh_c, std::integral_constant<int, 2>()); break;
+                            default: run(nh_c, std::integral_constant<int, 1>()); break;
+                        }
+                    };
+                    switch (nh) {
+                        case 3: by_cols(std::integral_constant<int, 3>()); break;
+                        case 2: by_cols(std::integral_constant<int, 2>()); break;
+                        default: by_cols(std::integral_constant<int, 1>()); break;
+                    }
+                    c += 16 * strips;
+                }
+            }
+        }
+    }
+}
+
 }  // namespace
+
+template <typename T>
+RTP_AVX512 void attention_key_range_avx512(const SeqRows<T>& keys, const float* qf, int64_t len, int64_t dim,
+                                           int64_t group, int64_t kv_heads, int64_t j0, int64_t j1, float* scores) {
+    const SeqRows<T>* no_values = nullptr;  // the values pass reads its own columns (values_of_columns)
+    switch (dim) {
+        case 64: scores_of_heads<64>(keys, 0, kv_heads, qf, group, dim, j1, scores, len, true, no_values, 0, j0); break;
+        case 128:
+            scores_of_heads<128>(keys, 0, kv_heads, qf, group, dim, j1, scores, len, true, no_values, 0, j0);
+            break;
+        default: scores_of_heads<0>(keys, 0, kv_heads, qf, group, dim, j1, scores, len, true, no_values, 0, j0); break;
+    }
+}
+
+template <typename T>
+RTP_AVX512 void attention_value_columns_avx512(const SeqRows<T>& values, const float* probs, int64_t len,
+                                               int64_t dim, int64_t group, int64_t c0, int64_t c1, float* acc) {
+    values_of_columns(values, probs, len, dim, group, c0, c1, acc);
+}
 
 template <typename T>
 RTP_AVX512 void attention_scores_avx512(const SeqRows<T>& keys, const SeqRows<T>& values, int64_t with_values,
@@ -248,6 +323,12 @@ void attention_scores_avx512(const SeqRows<T>&, const SeqRows<T>&, int64_t, cons
                              int64_t, int64_t, float*) {}
 template <typename T>
 void attention_values_avx512(const SeqRows<T>&, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, float*) {}
+template <typename T>
+void attention_key_range_avx512(const SeqRows<T>&, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                float*) {}
+template <typename T>
+void attention_value_columns_avx512(const SeqRows<T>&, const float*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                    float*) {}
 RTP_INSTANTIATE(float)
 RTP_INSTANTIATE(c10::BFloat16)
 #undef RTP_INSTANTIATE

@@ -83,6 +83,18 @@ template <typename T>
 void attention_values_avx512(const SeqRows<T>& values, const float* probs, int64_t len, int64_t dim, int64_t group,
                              int64_t g0, int64_t g1, float* acc);
 
+// One long sequence split across threads (paged_attention.cc): scores[h * len + j] for every query head and the
+// keys j in [j0, j1) (j0 a multiple of 8; only the last range has j1 == len off a multiple of 8), each as
+// attention_scores_avx512 computes it; and the values' columns [c0, c1) of a token row (kv_heads * dim wide,
+// multiples of 16) for the query heads of the KV heads they belong to, each column summed as
+// attention_values_avx512 sums it (acc[h * dim + c - g * dim]).
+template <typename T>
+void attention_key_range_avx512(const SeqRows<T>& keys, const float* qf, int64_t len, int64_t dim, int64_t group,
+                                int64_t kv_heads, int64_t j0, int64_t j1, float* scores);
+template <typename T>
+void attention_value_columns_avx512(const SeqRows<T>& values, const float* probs, int64_t len, int64_t dim,
+                                    int64_t group, int64_t c0, int64_t c1, float* acc);
+
 // scores[i * lds + j] = q_i . k_j for nq query vectors (q: [nq, dim] float32, scaled) of KV head g over keys
 // j < len: each score as attention_scores_avx512 computes it (the prefill kernel's scores).
 template <typename T>

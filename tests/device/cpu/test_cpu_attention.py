@@ -128,6 +128,44 @@ def test_decode_kernel_paths_against_float64(dtype, block_size, dim, heads, kv_h
             torch.testing.assert_close(out[b, h].double(), w @ V[:, h // group], atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size,dim,heads,kv_heads", [(128, 64, 9, 3), (16, 64, 14, 2), (12, 80, 4, 4),
+                                                           (16, 128, 6, 1)])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_decode_long_sequences_split_across_threads(dtype, block_size, dim, heads, kv_heads, threads):
+    """Fewer sequences than threads with a long one: the kernel splits each sequence's keys, softmax rows and
+    value columns across the threads instead of giving each thread KV heads. Lengths on and off the 8-key groups
+    and the 16-token value tiles, 3 KV heads on 2 threads (which do not divide), column ranges that cut a head: the
+    same bits as one thread computing each sequence whole (batch invariance: a sequence decoded alone equals itself
+    in a batch), and float64's values."""
+    from rtp_llm._native import ops
+
+    g = torch.Generator().manual_seed(block_size + dim + heads + threads)
+    lens = torch.tensor([1003, 130, 2])[: threads - 1]
+    width = (int(lens.max()) + block_size - 1) // block_size
+    nb = len(lens) * width + 2
+    table = torch.randperm(nb, generator=g)[: len(lens) * width].to(torch.int32).reshape(len(lens), width)
+    k = torch.randn(nb, block_size, kv_heads, dim, generator=g).to(dtype)
+    v = torch.randn(nb, block_size, kv_heads, dim, generator=g).to(dtype)
+    q = torch.randn(len(lens), heads, dim, generator=g).to(dtype)
+    scale = dim ** -0.5
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # one task per sequence, each computed whole
+        whole = ops().paged_attention(q, k, v, table, lens, scale)
+        torch.set_num_threads(threads)  # len(lens) < threads: the split
+        split = ops().paged_attention(q, k, v, table, lens, scale)
+        alone = ops().paged_attention(q[:1], k, v, table[:1], lens[:1], scale)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(split, whole)
+    assert torch.equal(alone[0], whole[0])
+    starts = torch.arange(len(lens) + 1)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(split.double(), _float64_attention(q, k, v, table, starts, lens, scale), atol=tol,
+                               rtol=tol)
+
+
 def _float64_attention(q, k, v, table, starts, kv_lens, scale):
     """Row j of sequence s (n_s rows) over keys [0, kv_len - n_s + j], in float64."""
     heads, kv_heads, dim, bs = q.shape[1], k.shape[2], q.shape[2], k.shape[1]
