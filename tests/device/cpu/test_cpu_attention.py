@@ -94,6 +94,17 @@ def test_kernel_rejects_bad_arguments():
         ops().paged_attention(q, k, k, torch.zeros(1, 2, dtype=torch.int32), torch.tensor([40]), 1.0)
 
 
+def _random_decode_inputs(lens, block_size, heads, kv_heads, dim, dtype, g, spare_blocks):
+    """A shuffled block table for `lens` (spare blocks unused), random K / V caches and one query row per sequence."""
+    width = (int(lens.max()) + block_size - 1) // block_size
+    nb = len(lens) * width + spare_blocks
+    table = torch.randperm(nb, generator=g)[: len(lens) * width].to(torch.int32).reshape(len(lens), width)
+    k = torch.randn(nb, block_size, kv_heads, dim, generator=g).to(dtype)
+    v = torch.randn(nb, block_size, kv_heads, dim, generator=g).to(dtype)
+    q = torch.randn(len(lens), heads, dim, generator=g).to(dtype)
+    return table, k, v, q
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("block_size,dim", [(16, 64), (12, 64), (8, 40), (4, 128), (8, 48), (16, 80)])
 @pytest.mark.parametrize("heads,kv_heads", [(2, 1), (6, 3), (5, 1), (12, 2), (3, 3)])
@@ -109,12 +120,7 @@ def test_decode_kernel_paths_against_float64(dtype, block_size, dim, heads, kv_h
 
     g = torch.Generator().manual_seed(block_size * 1000 + dim + heads)
     lens = torch.tensor([1, 7, 8, 9, 17, 33, 130][: (2 if heads == 5 else 7)])
-    width = (int(lens.max()) + block_size - 1) // block_size
-    nb = len(lens) * width + 3
-    table = torch.randperm(nb, generator=g)[: len(lens) * width].to(torch.int32).reshape(len(lens), width)
-    k = torch.randn(nb, block_size, kv_heads, dim, generator=g).to(dtype)
-    v = torch.randn(nb, block_size, kv_heads, dim, generator=g).to(dtype)
-    q = torch.randn(len(lens), heads, dim, generator=g).to(dtype)
+    table, k, v, q = _random_decode_inputs(lens, block_size, heads, kv_heads, dim, dtype, g, spare_blocks=3)
     scale = dim ** -0.5
     out = ops().paged_attention(q, k, v, table, lens, scale)
     group = heads // kv_heads
@@ -142,12 +148,7 @@ def test_decode_long_sequences_split_across_threads(dtype, block_size, dim, head
 
     g = torch.Generator().manual_seed(block_size + dim + heads + threads)
     lens = torch.tensor([1003, 130, 2])[: threads - 1]
-    width = (int(lens.max()) + block_size - 1) // block_size
-    nb = len(lens) * width + 2
-    table = torch.randperm(nb, generator=g)[: len(lens) * width].to(torch.int32).reshape(len(lens), width)
-    k = torch.randn(nb, block_size, kv_heads, dim, generator=g).to(dtype)
-    v = torch.randn(nb, block_size, kv_heads, dim, generator=g).to(dtype)
-    q = torch.randn(len(lens), heads, dim, generator=g).to(dtype)
+    table, k, v, q = _random_decode_inputs(lens, block_size, heads, kv_heads, dim, dtype, g, spare_blocks=2)
     scale = dim ** -0.5
     before = torch.get_num_threads()
     try:
