@@ -5,9 +5,9 @@
 // Why a kernel: the reference path gathers every sequence's K and V into padded temporaries and runs
 // masked SDPA with the KV heads expanded, reading the cache twice and writing it once per layer per
 // step. Here each sequence's task reads its keys and values once, for all query heads (GQA groups
-// share their KV head's row), with a float32 softmax. Tasks run in parallel (work_pool.h); with fewer sequences
-// than threads and a long one, each sequence's keys, softmax rows and value columns are split across the threads
-// instead (long_sequence), which gives the same bits.
+// share their KV head's row), with a float32 softmax. Tasks run in parallel (work_pool.h); a long sequence with
+// threads to spare, or longer than a thread's share of the call, has its keys, softmax rows and value columns
+// split across the threads instead (long_sequence), which gives the same bits.
 // The AVX2 path scores eight keys per pass, uses a vectorised exp, keeps the value accumulators in
 // registers over 16-token tiles and prefetches rows into L2 (benchmarks.cpu_decode_attention measures it).
 #include <ATen/ATen.h>
@@ -170,8 +170,8 @@ void attend_scalar(const SeqRows<T>& keys, const SeqRows<T>& values, const float
 #ifdef __AVX2__
 // The keys of one long sequence per parallel range, the unit a multiple of the scores' 8-key groups.
 constexpr int64_t kKeyRange = 64;
-// From this many keys on, a sequence with threads to spare runs long_sequence (benchmarks.cpu_decode_attention
-// --batch 1, benchmarks/README.md).
+// From this many keys on, a sequence with threads to spare, or with more than a thread's share of the keys, runs
+// long_sequence (benchmarks.cpu_decode_attention --batch 1, benchmarks/README.md).
 constexpr int64_t kSplitKeys = 128;
 
 // Sequence b of decode_kernel's batch in three parallel loops (see there).
@@ -222,30 +222,38 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
                       cpu_avx512();
 #endif
 
+    // A sequence longer than a thread's share of the call's keys (batch 1 on a long context; a long chat beside
+    // short ones) runs alone first, in three loops over every thread: its keys in ranges of whole rows, the softmax
+    // rows, its values' columns in one contiguous range per thread. Left to one task (below) it would keep one
+    // thread busy after the others finish, and split by KV heads it leaves a thread idle when they do not divide
+    // among the threads (SmolLM2's 3 on 2), each task reading a strided third of every row. The same bits either
+    // way: every score, softmax row and value column is computed whole, in its fixed order.
+    const int64_t threads = at::get_num_threads();
+    std::vector<int64_t> rest;  // the sequences for the tasks below
+    rest.reserve(batch);
+    int64_t total = 0;
+    for (int64_t len : kv_lens) total += len;
+    for (int64_t b = 0; b < batch; ++b) {
+        bool alone = false;
 #ifdef __AVX2__
-    // Fewer sequences than threads and a long one (batch 1 on a long context): the sequences one at a time, each
-    // in three loops over every thread: its keys in ranges of whole rows, the softmax rows, its values' columns in
-    // one contiguous range per thread. Splitting the KV heads instead (below) leaves a thread idle when they do not
-    // divide among the threads (SmolLM2's 3 on 2) and has each task read a strided third of every row. The same
-    // bits either way: every score, softmax row and value column is computed whole, in its fixed order.
-    if (wide && batch > 0 && batch < at::get_num_threads() &&
-        *std::max_element(kv_lens.begin(), kv_lens.end()) >= kSplitKeys) {
         if constexpr (std::is_same_v<T, float> || std::is_same_v<T, at::BFloat16>) {
-            for (int64_t b = 0; b < batch; ++b)
-                long_sequence<T>(q, k_cache, v_cache, block_table, b, kv_lens[b], scale, out);
-            return;
+            alone = wide && threads > 1 && kv_lens[b] >= kSplitKeys &&
+                    (batch < threads || kv_lens[b] * threads > total);
+            if (alone) long_sequence<T>(q, k_cache, v_cache, block_table, b, kv_lens[b], scale, out);
         }
-    }
 #endif
+        if (!alone) rest.push_back(b);
+    }
+    const int64_t tasks = static_cast<int64_t>(rest.size());
     // One task per sequence, tokens in the outer loop and KV heads inside: each token's whole row is
     // read once, in address order within a block (per-(sequence, KV head) tasks hop across rows and were
     // slower). With fewer sequences than threads, tasks split the KV heads again so every thread has work.
-    const int64_t splits = batch >= at::get_num_threads() ? 1 : kv_heads;
+    const int64_t splits = tasks >= threads ? 1 : kv_heads;
     const int64_t heads_per_split = kv_heads / splits;
-    parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
+    parallel_for(0, tasks * splits, 1, [&](int64_t begin, int64_t end) {
         std::vector<float> scores, qf(heads * dim), acc(heads * dim);
         for (int64_t task = begin; task < end; ++task) {
-            const int64_t b = task / splits, g0 = (task % splits) * heads_per_split, g1 = g0 + heads_per_split;
+            const int64_t b = rest[task / splits], g0 = (task % splits) * heads_per_split, g1 = g0 + heads_per_split;
             const int64_t h0 = g0 * group, h1 = g1 * group;
             const int64_t len = kv_lens[b];
             scores.resize(heads * len);

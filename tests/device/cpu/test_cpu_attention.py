@@ -137,17 +137,18 @@ def test_decode_kernel_paths_against_float64(dtype, block_size, dim, heads, kv_h
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size,dim,heads,kv_heads", [(128, 64, 9, 3), (16, 64, 14, 2), (12, 80, 4, 4),
                                                            (16, 128, 6, 1)])
-@pytest.mark.parametrize("threads", [2, 3])
-def test_decode_long_sequences_split_across_threads(dtype, block_size, dim, heads, kv_heads, threads):
-    """Fewer sequences than threads with a long one: the kernel splits each sequence's keys, softmax rows and
-    value columns across the threads instead of giving each thread KV heads. Lengths on and off the 8-key groups
-    and the 16-token value tiles, 3 KV heads on 2 threads (which do not divide), column ranges that cut a head: the
-    same bits as one thread computing each sequence whole (batch invariance: a sequence decoded alone equals itself
-    in a batch), and float64's values."""
+@pytest.mark.parametrize("threads,lens", [(2, [1003]), (3, [1003, 130]), (2, [1003, 5]), (2, [700, 300, 9])])
+def test_decode_long_sequences_split_across_threads(dtype, block_size, dim, heads, kv_heads, threads, lens):
+    """A long sequence with threads to spare, or beside shorter ones (longer than a thread's share of the keys):
+    the kernel splits its keys, softmax rows and value columns across the threads instead of giving a thread the
+    whole sequence or its KV heads; the rest run as tasks. Lengths on and off the 8-key groups and the 16-token
+    value tiles, 3 KV heads on 2 threads (which do not divide), column ranges that cut a head: the same bits as one
+    thread computing each sequence whole (batch invariance: a sequence decoded alone equals itself in a batch), and
+    float64's values."""
     from rtp_llm._native import ops
 
-    g = torch.Generator().manual_seed(block_size + dim + heads + threads)
-    lens = torch.tensor([1003, 130, 2])[: threads - 1]
+    g = torch.Generator().manual_seed(block_size + dim + heads + threads + len(lens))
+    lens = torch.tensor(lens)
     table, k, v, q = _random_decode_inputs(lens, block_size, heads, kv_heads, dim, dtype, g, spare_blocks=2)
     scale = dim ** -0.5
     before = torch.get_num_threads()
