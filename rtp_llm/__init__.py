@@ -8,7 +8,7 @@ import sys as _sys
 
 # OpenMP worker threads spin for a while after every multi-threaded torch op, on the cores where rtp-llm's kernel
 # threads (rtp_llm/cpp/cpu/work_pool.cc) run next, and take their time (measured: bf16 W 20-35% lower,
-# benchmarks/README.md). libgomp reads this once, when torch loads: it applies when rtp_llm is imported first (the
+# benchmarks/ARCHIVE.md). libgomp reads this once, when torch loads: it applies when rtp_llm is imported first (the
 # server, the CLI, engine and TP processes); otherwise the CPU device says so (rtp_llm/device/cpu/device.py).
 OMP_PASSIVE_SET = "torch" not in _sys.modules and "OMP_WAIT_POLICY" not in _os.environ
 if OMP_PASSIVE_SET:

@@ -15,7 +15,6 @@ from typing import Any, Optional, Sequence, Union
 
 from rtp_llm.config.engine_config import EngineConfig
 from rtp_llm.engine.core import EngineCore
-from rtp_llm.engine.input_processor import InputProcessor
 from rtp_llm.engine.outputs import OutputCollector, RequestOutput
 from rtp_llm.sampling import SamplingParams
 
@@ -26,8 +25,7 @@ class LLM:
     def __init__(self, model: Optional[str] = None, **engine_args: Any):
         self.core = EngineCore(EngineConfig(model=model, **engine_args))
         self.tokenizer = self.core.tokenizer
-        self.processor = InputProcessor(self.tokenizer, self.core.max_model_len, self.core.vocab_size,
-                                        self.core.grammars, self.core.config.max_logprobs)
+        self.processor = self.core.input_processor()
         self._ids = itertools.count()
 
     def close(self) -> None:

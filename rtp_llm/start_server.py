@@ -12,7 +12,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rtp_llm.config.server_args import resolve
+    from rtp_llm.config.server_args import engine_config, resolve
     from rtp_llm.errors import ConfigError
 
     try:
@@ -23,7 +23,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args["log_level"].upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("rtp_llm.start_server")
 
-    from rtp_llm.config.engine_config import EngineConfig
     from rtp_llm.device import resolve_device
     from rtp_llm.distributed.launch import launch_env
     from rtp_llm.engine.client import ProcessEngineClient
@@ -45,17 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         device = resolve_device(args["device"])
-        config = EngineConfig(
-            model=args["checkpoint_path"], tokenizer=args["tokenizer_path"], model_type=args["model_type"],
-            dtype=args["dtype"], quantization=args["quantization"], device=device, max_model_len=args["max_model_len"],
-            max_num_seqs=args["max_num_seqs"], max_num_batched_tokens=args["max_num_batched_tokens"],
-            max_prefill_chunk=args["max_prefill_chunk"], block_size=args["block_size"],
-            num_blocks=args["num_blocks"], kv_cache_memory_gb=args["kv_cache_memory_gb"],
-            enable_prefix_caching=args["enable_prefix_caching"], max_queue_len=args["max_queue_len"],
-            max_logprobs=args["max_logprobs"],
-            allow_pickle=args["allow_pickle"], tp_size=args["tp_size"],
-            tp_timeout_s=args["tp_timeout"], tp_heartbeat_timeout_s=args["tp_heartbeat_timeout"],
-            device_options={"cpu_gemv_weights": args["cpu_gemv_weights"]})
+        config = engine_config(args, device)
         if config.tp_size > 1:
             env = launch_env(config.tp_size)
             if env.rank != 0:  # torchrun / multi-machine: this process is a worker, rank 0 serves HTTP
@@ -70,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from rtp_llm.models.default_model import SERVED_NAME
-    from rtp_llm.server.app import ChatOptions, CorsOptions, create_app
+    from rtp_llm.server.api import ChatOptions, CorsOptions, create_app
 
     name = args["served_model_name"] or (
         SERVED_NAME if config.model is None else os.path.basename(os.path.normpath(config.model)))

@@ -10,4 +10,5 @@ bazel test //...
 # libstdc++ with it so that the sanitizer finds the C++ exception machinery torch throws through.
 asan_preload="$(gcc -print-file-name=libasan.so):$(g++ -print-file-name=libstdc++.so.6)"
 bazel test --config=asan --test_env=LD_PRELOAD="$asan_preload" //rtp_llm/cpp/... //tests/device/cpu/...
-python3 -m pytest -q -p no:cacheprovider tests/build
+# The tests that read the source tree as git sees it (the house rules) or drive Bazel itself.
+python3 -m pytest -q -p no:cacheprovider tests/test_house.py tests/build

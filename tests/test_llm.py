@@ -145,13 +145,13 @@ def test_a_consumer_that_lags_holds_one_merged_output(llm):
         eager = []
         async for out in engine.generate("Once upon a time", params):
             eager.append(out)
-        stream = await engine.submit("Once upon a time", params)
-        for _ in range(400):  # let it finish unread
+        stream = engine.submit("Once upon a time", params)
+        for _ in range(400):  # let it finish unread (submit returns before the core has it: watch the stream)
             await asyncio.sleep(0.05)
-            if not llm.core.has_unfinished():
+            if stream.state.finished:
                 break
         await asyncio.sleep(0.2)
-        assert stream._q.pending() == 1
+        assert stream.state.pending  # the unread steps' news, applied to the request's state
         lagged = [out async for out in stream]
         return eager, lagged
 
@@ -164,3 +164,34 @@ def test_a_consumer_that_lags_holds_one_merged_output(llm):
     assert lagged[0].finished and merged.finish_reason == final.finish_reason == "length"
     assert merged.delta_text == merged.text == final.text and merged.delta_token_ids == final.token_ids
     assert [lp.token_id for lp in merged.delta_logprobs] == final.token_ids
+
+
+def test_a_refused_request_ends_its_stream_and_leaves_the_others_running(llm):
+    """submit() returns at once (no acknowledgement round trip); what only the core can refuse (a full queue)
+    ends that stream with the core's error before any output, and a second request under an id in use is refused
+    without touching the first, which finishes as if alone."""
+    from rtp_llm.errors import QueueFullError, RequestRejected
+
+    engine = ThreadEngineClient(llm.core)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    saved = llm.core.config.max_queue_len
+
+    async def main():
+        first = engine.submit("Once upon a time", params, request_id="same")
+        with pytest.raises(RequestRejected, match="already in use"):
+            engine.submit("Another", params, request_id="same")
+        outs = [out async for out in first]
+        llm.core.config.max_queue_len = 0  # the core refuses what reaches it now
+        refused = engine.submit("Once upon a time", params)
+        with pytest.raises(QueueFullError):
+            await refused.wait_started()
+        return outs
+
+    try:
+        outs = asyncio.run(main())
+    finally:
+        llm.core.config.max_queue_len = saved
+        engine.shutdown()
+    alone = llm.generate("Once upon a time", params, use_tqdm=False)[0].outputs[0]
+    assert outs[-1].finished and outs[-1].outputs[0].token_ids == alone.token_ids
+    assert llm.core.stats()["kv_used_blocks"] == 0 and not llm.core.has_unfinished()

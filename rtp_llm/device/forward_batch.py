@@ -32,10 +32,6 @@ class ForwardBatch:
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
-    @property
-    def batch_size(self) -> int:
-        return len(self.q_lens)
-
     @classmethod
     def build(
         cls,

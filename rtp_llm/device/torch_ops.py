@@ -79,7 +79,7 @@ class TorchLinear:
 
 class TorchHead(TorchLinear):
     """The LM head on the few sampled rows as [V, H] @ [H, R]: the vocabulary matrix is streamed once, which
-    torch's CPU GEMM does faster than F.linear's [R, H] @ [H, V] (benchmarks/README.md)."""
+    torch's CPU GEMM does faster than F.linear's [R, H] @ [H, V] (benchmarks/ARCHIVE.md)."""
 
     def __call__(self, h: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         out = (self.weight @ h.t()).t()

@@ -20,21 +20,17 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import AsyncIterator, Callable, Optional, Sequence, Union
+from typing import AsyncIterator, Optional, Sequence, Union
 
 from rtp_llm.engine.core_loop import ThreadTransport, run, run_engine_process
 from rtp_llm.engine.input_processor import InputProcessor
-from rtp_llm.engine.outputs import CompletionOutput, OutputCollector, RequestOutput
-from rtp_llm.engine.protocol import (AbortRequest, AddRequest, Added, CoreDied, Shutdown, StartupFailed,
+from rtp_llm.engine.outputs import RequestOutput, RequestState
+from rtp_llm.engine.protocol import (AbortRequest, AddRequest, CoreDied, Rejected, Shutdown, StartupFailed,
                                      StatsUpdate, StepOutputs, WorkerFailed)
-from rtp_llm.errors import EngineDeadError, TPWorkerError
+from rtp_llm.errors import EngineDeadError, RequestRejected, TPWorkerError
 from rtp_llm.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
-
-# done(exc_or_None): how the core answered a queued request (accepted, or the validation error)
-AddCallback = Callable[[Optional[BaseException]], None]
-
 
 class EngineClient:
     """Request streams over an EngineCore. Subclasses send messages (_send), run the core, and shut it down."""
@@ -45,9 +41,7 @@ class EngineClient:
     def __init__(self, on_death=None):
         """on_death(exc): called once if the engine dies."""
         self._on_death = on_death
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, "OutputMailbox"]] = {}
-        self._adds: dict[str, AddCallback] = {}  # requests awaiting the core's answer (under _lock)
-        self._collector = OutputCollector()
+        self._streams: dict[str, RequestStream] = {}  # open streams; written on their event loops only
         self._accepting = True
         self._lock = threading.Lock()
         self._stats: dict = {}
@@ -75,12 +69,11 @@ class EngineClient:
     def _handle(self, msg) -> None:
         if isinstance(msg, StepOutputs):
             self._stats = msg.stats
-            self._deliver_outputs([self._collector.add(d) for d in msg.outputs])
-        elif isinstance(msg, Added):
-            with self._lock:
-                done = self._adds.pop(msg.request_id, None)
-            if done is not None:
-                done(msg.error)
+            self._deliver_deltas(msg.outputs)
+        elif isinstance(msg, Rejected):
+            stream = self._streams.get(msg.request_id)
+            if stream is not None:
+                _call_soon(stream.loop, stream.refuse, msg.error)
         elif isinstance(msg, StatsUpdate):
             self._stats = msg.stats
         elif isinstance(msg, WorkerFailed):
@@ -97,67 +90,50 @@ class EngineClient:
             first = self.dead is None
             if first:
                 self.dead = exc
-            adds, self._adds = self._adds, {}
-        for done in adds.values():
-            done(EngineDeadError(f"the engine has stopped: {exc}"))
+        dead = EngineDeadError(f"the engine has stopped: {exc}")
         for rid in list(self._streams):
-            self._deliver(rid, exc)
+            self._deliver(rid, dead)
         if first and self._on_death is not None:
             self._on_death(exc)
 
-    def _deliver_outputs(self, outs: list[RequestOutput]) -> None:
+    def _deliver_deltas(self, deltas: list) -> None:
+        """One event-loop wake-up per step (per loop with open streams) carries the step's deltas."""
         batches: dict = {}
-        for out in outs:
-            entry = self._streams.get(out.request_id)
-            if entry is not None:
-                batches.setdefault(entry[0], []).append((entry[1], out))
+        for d in deltas:
+            stream = self._streams.get(d.request_id)
+            if stream is not None:
+                batches.setdefault(stream.loop, []).append((stream, d))
         for loop, items in batches.items():
-            _call_soon(loop, _put_all, items)
+            _call_soon(loop, _apply_all, items)
 
-    def _deliver(self, rid: str, item) -> None:
-        entry = self._streams.get(rid)
-        if entry is not None:
-            _call_soon(entry[0], entry[1].put_nowait, item)
+    def _deliver(self, rid: str, exc: BaseException) -> None:
+        stream = self._streams.get(rid)
+        if stream is not None:
+            _call_soon(stream.loop, stream.fail, exc)
 
     # --- the asyncio side --------------------------------------------------------------------------------------
-    async def submit(self, prompt: Union[str, Sequence[int]], params: SamplingParams,
-                     request_id: Optional[str] = None) -> "RequestStream":
-        """Validates and queues a request; raises RequestRejected (a bad request), QueueFullError or
-        EngineDeadError."""
+    def submit(self, prompt: Union[str, Sequence[int]], params: SamplingParams,
+               request_id: Optional[str] = None) -> "RequestStream":
+        """Validates and sends a request; returns its stream at once (no round trip to the core). Raises
+        RequestRejected (a bad request) or EngineDeadError; what only the core can refuse (a full queue, an id in
+        use) ends the stream with that error, before any output (RequestStream.wait_started)."""
         if self.dead is not None:
             raise EngineDeadError(f"the engine has stopped: {self.dead}")
         if not self._accepting:
             raise EngineDeadError("the server is shutting down")
         rid = request_id or uuid.uuid4().hex
+        if rid in self._streams:  # this client routes outputs by id: one open stream per id
+            raise RequestRejected(f"request id {rid!r} is already in use")
         request = self.processor.process(rid, prompt, params)
-        loop = asyncio.get_running_loop()
-        q = OutputMailbox()
-        added: asyncio.Future = loop.create_future()
-
-        def done(exc):
-            def settle():
-                if not added.done():
-                    added.set_exception(exc) if exc else added.set_result(None)
-            _call_soon(loop, settle)
-
-        self._streams[rid] = (loop, q)
-        with self._lock:
-            if self.dead is not None:
-                done(EngineDeadError(f"the engine has stopped: {self.dead}"))
-            else:
-                self._adds[rid] = done
-                self._send(AddRequest(request))
-        try:
-            await added
-        except BaseException:
-            self._streams.pop(rid, None)
-            raise
-        return RequestStream(self, rid, q)
+        stream = self._streams[rid] = RequestStream(self, rid, asyncio.get_running_loop())
+        self._send(AddRequest(request))
+        if self.dead is not None:  # died while sending: fail() may have run before the stream was registered
+            stream.fail(EngineDeadError(f"the engine has stopped: {self.dead}"))
+        return stream
 
     async def generate(self, prompt: Union[str, Sequence[int]], params: SamplingParams,
                        request_id: Optional[str] = None) -> AsyncIterator[RequestOutput]:
-        stream = await self.submit(prompt, params, request_id)
-        async with stream:
+        async with self.submit(prompt, params, request_id) as stream:
             async for out in stream:
                 yield out
 
@@ -168,10 +144,6 @@ class EngineClient:
     def stop_accepting(self) -> None:
         self._accepting = False
 
-    @property
-    def num_active(self) -> int:
-        return len(self._streams)
-
 
 class ThreadEngineClient(EngineClient):
     """The EngineCore on its own thread of this process; the thread owns the core from here on."""
@@ -180,8 +152,7 @@ class ThreadEngineClient(EngineClient):
         super().__init__(on_death)
         self.core = core
         self.model_path = core.model_path
-        self.processor = InputProcessor(core.tokenizer, core.max_model_len, core.vocab_size, core.grammars,
-                                        core.config.max_logprobs)
+        self.processor = core.input_processor()
         self._stats = core.stats()
         self._transport = ThreadTransport(self._handle)
         self._thread = threading.Thread(target=run, args=(core, self._transport), name="rtp-llm-engine",
@@ -218,9 +189,9 @@ class ProcessEngineClient(EngineClient):
         with ThreadPoolExecutor(1, thread_name_prefix="rtp-llm-tokenizer") as pool:
             # The tokenizer loads here while the engine loads its weights.
             tokenizer = pool.submit(_load_tokenizer, config)
-            self._start(tokenizer, config.max_logprobs)
+            self._start(tokenizer)
 
-    def _start(self, tokenizer: Future, max_logprobs: int) -> None:
+    def _start(self, tokenizer: Future) -> None:
         try:
             msg = self._conn.recv()
         except (EOFError, OSError):
@@ -237,8 +208,7 @@ class ProcessEngineClient(EngineClient):
         threading.Thread(target=self._read, name="rtp-llm-engine-reader", daemon=True).start()
         threading.Thread(target=self._write, name="rtp-llm-engine-writer", daemon=True).start()
         try:
-            self.processor = InputProcessor(tokenizer.result(), msg.max_model_len, msg.vocab_size,
-                                            max_logprobs=max_logprobs)
+            self.processor = InputProcessor(tokenizer.result(), msg.limits)
         except BaseException:
             self.shutdown()
             raise
@@ -319,62 +289,46 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
             raise
 
 
-def _put_all(items) -> None:
-    for q, item in items:
-        q.put_nowait(item)
-
-
-class OutputMailbox:
-    """One request's outputs not yet taken by its consumer, merged into one RequestOutput: a consumer that falls
-    behind (a client reading slowly) costs one output's memory, not one per step (each carries the totals so far,
-    so a per-step queue grew with the square of the answer's length). An exception (the engine died) replaces
-    whatever is pending. Event-loop side only."""
-
-    def __init__(self):
-        self._item = None
-        self._ready = asyncio.Event()
-
-    def put_nowait(self, item) -> None:
-        pending = self._item
-        if pending is None or isinstance(item, BaseException):
-            self._item = item
-        elif not isinstance(pending, BaseException):
-            self._item = _merge_outputs(pending, item)
-        self._ready.set()
-
-    async def get(self):
-        await self._ready.wait()
-        item, self._item = self._item, None
-        self._ready.clear()
-        return item
-
-    def pending(self) -> int:
-        return 0 if self._item is None else 1
-
-
-def _merge_outputs(old: RequestOutput, new: RequestOutput) -> RequestOutput:
-    """`new`'s totals with both outputs' deltas: what one output covering both steps would have been."""
-    before = {o.index: o for o in old.outputs}
-    merged = []
-    for o in new.outputs:
-        p = before.get(o.index)
-        if p is not None:
-            o = CompletionOutput(o.index, o.text, o.token_ids, p.delta_text + o.delta_text,
-                                 p.delta_token_ids + o.delta_token_ids, o.logprobs,
-                                 None if o.delta_logprobs is None else (p.delta_logprobs or []) + o.delta_logprobs,
-                                 o.finish_reason, o.stop_reason)
-        merged.append(o)
-    return RequestOutput(new.request_id, new.prompt_token_ids, merged, new.finished, new.num_cached_tokens,
-                         new.error, new.metrics, new.prompt_logprobs)
+def _apply_all(items) -> None:
+    for stream, delta in items:
+        stream.apply(delta)
 
 
 class RequestStream:
-    """Outputs of one request. Leaving it before the request finished (an exception, a cancelled task, a
-    disconnected client) aborts the request and frees its KV blocks."""
+    """Outputs of one request, on the event loop that submitted it: the core's deltas are applied to a
+    RequestState as they come, and each output taken covers all news since the previous one. Leaving the stream
+    before the request finished (an exception, a cancelled task, a disconnected client) aborts the request and
+    frees its KV blocks."""
 
-    def __init__(self, engine: EngineClient, request_id: str, q: OutputMailbox):
-        self.engine, self.request_id, self._q = engine, request_id, q
+    def __init__(self, engine: EngineClient, request_id: str, loop: asyncio.AbstractEventLoop):
+        self.engine, self.request_id, self.loop = engine, request_id, loop
+        self.state = RequestState(request_id)
+        self.error: Optional[BaseException] = None
         self.finished = False
+        self._refused = False
+        self._ready = asyncio.Event()
+
+    def apply(self, delta) -> None:
+        self.state.apply(delta)
+        self._ready.set()
+
+    def fail(self, exc: BaseException) -> None:
+        if self.error is None and not self.finished:
+            self.error = exc
+            self._ready.set()
+
+    def refuse(self, exc: BaseException) -> None:
+        """The core did not take the request (queue full, id in use): nothing of it runs, nothing to abort."""
+        self._refused = True
+        self.fail(exc)
+
+    async def wait_started(self) -> None:
+        """Waits for the request's first output or its refusal, and raises the refusal (QueueFullError,
+        RequestRejected, EngineDeadError): a route calls it before it commits to a status code."""
+        await self._ready.wait()
+        if self.error is not None and not self.state.pending:
+            self.close()
+            raise self.error
 
     def __aiter__(self):
         return self
@@ -382,20 +336,26 @@ class RequestStream:
     async def __anext__(self) -> RequestOutput:
         if self.finished:
             raise StopAsyncIteration
-        item = await self._q.get()
-        if isinstance(item, BaseException):
+        await self._ready.wait()
+        if not self.state.pending:  # only an error is left
             self.close()
-            raise EngineDeadError(f"the engine has stopped: {item}")
-        if item.finished:
+            raise self.error
+        out = self.state.take()
+        if self.error is None:
+            self._ready.clear()
+        if out.finished:
             self.finished = True
-            self.engine._streams.pop(self.request_id, None)
-        return item
+            if self.engine._streams.get(self.request_id) is self:
+                del self.engine._streams[self.request_id]
+        return out
 
     def close(self) -> None:
-        self.engine._streams.pop(self.request_id, None)
+        if self.engine._streams.get(self.request_id) is self:
+            del self.engine._streams[self.request_id]
         if not self.finished:
             self.finished = True
-            self.engine.abort(self.request_id)
+            if not self._refused:  # a refused id may be another request's, which must go on
+                self.engine.abort(self.request_id)
 
     async def __aenter__(self):
         return self

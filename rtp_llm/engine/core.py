@@ -1,9 +1,9 @@
 """EngineCore: EngineRequests in, OutputDeltas out, one scheduler step at a time.
 
     core = EngineCore(EngineConfig(model=path))
-    core.add_request(InputProcessor(core.tokenizer, core.max_model_len, core.vocab_size).process("r1", "Hi"))
+    core.add_request(core.input_processor().process("r1", "Hi"))
     while core.has_unfinished():
-        deltas = core.step()   # OutputCollector turns them into RequestOutputs
+        deltas = core.step()   # an OutputCollector turns them into RequestOutputs
 
 step() is schedule -> runner.execute -> update_from_output. Not thread-safe: one thread drives it (core_loop.py
 runs it on a thread or in the engine process).
@@ -23,10 +23,11 @@ from rtp_llm.cache import kv_cache_blocks
 from rtp_llm.config.engine_config import EngineConfig
 from rtp_llm.device import get_device
 from rtp_llm.engine.detokenizer import IncrementalDetokenizer
+from rtp_llm.engine.input_processor import InputProcessor
 from rtp_llm.engine.model_runner import ModelRunner, RunnerOutput
 from rtp_llm.engine.output_processor import OutputProcessor, StepDelta
 from rtp_llm.engine.outputs import TokenLogprob
-from rtp_llm.engine.protocol import EngineRequest, OutputDelta
+from rtp_llm.engine.protocol import EngineRequest, InputLimits, OutputDelta
 from rtp_llm.engine.scheduler import Scheduler, SchedulerOutput
 from rtp_llm.engine.sequence import FinishReason, Request, Sequence, SeqState
 from rtp_llm.errors import QueueFullError, RequestRejected, TPWorkerError
@@ -125,22 +126,21 @@ class EngineCore:
             pool.shutdown(wait=False, cancel_futures=True)
 
     # --- requests ----------------------------------------------------------------------------------------------
+    @property
+    def limits(self) -> InputLimits:
+        return InputLimits(self.max_model_len, self.vocab_size, self.scheduler.manager.num_blocks - 1,
+                           self.block_size, self.config.max_logprobs)
+
+    def input_processor(self) -> InputProcessor:
+        """The processor for requests to this core, sharing its grammar cache (callers on this process)."""
+        return InputProcessor(self.tokenizer, self.limits, self.grammars)
+
     def add_request(self, request: EngineRequest) -> None:
-        """Admits a validated request (InputProcessor.process) to the waiting queue. Raises RequestRejected when
-        it can never fit this engine's KV pool or its id is taken, QueueFullError when the queue is full."""
+        """Admits a request made by InputProcessor.process (which checked it against self.limits) to the waiting
+        queue. Raises RequestRejected when its id is taken, QueueFullError when the queue is full."""
         rid, ids, params = request.request_id, request.prompt_token_ids, request.params
         if rid in self.requests:
             raise RequestRejected(f"request id {rid!r} is already in use")
-        for name in ("logprobs", "prompt_logprobs"):  # counts the input processor resolved (-1: all), or none
-            asked = getattr(params, name)
-            if asked is not None and not 0 <= asked <= self.vocab_size:
-                raise RequestRejected(f"{name}: {asked} is not a count of tokens in [0, {self.vocab_size}] (pass the "
-                                      f"request through InputProcessor.process, which resolves -1)", param=name)
-        bs = self.block_size
-        worst = -(-(len(ids) + params.max_tokens) // bs) + (params.n - 1) * (-(-params.max_tokens // bs) + 1)
-        if worst > self.scheduler.manager.num_blocks - 1:
-            raise RequestRejected(f"the request needs up to {worst} KV blocks but the pool has "
-                                  f"{self.scheduler.manager.num_blocks - 1}; lower max_tokens or n")
         if len(self.scheduler.waiting) >= self.config.max_queue_len:
             raise QueueFullError(f"the waiting queue is full ({self.config.max_queue_len} requests)")
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_ids)

@@ -9,23 +9,19 @@ tensor-parallel monitor reports from its own).
 
 from __future__ import annotations
 
-import ctypes
 import faulthandler
 import gc
 import logging
 import pickle
 import queue
-import signal
 import threading
 from typing import Callable, Optional
 
-from rtp_llm.engine.protocol import (AbortRequest, AddRequest, Added, CoreDied, Ready, Shutdown, StartupFailed,
+from rtp_llm.engine.child_process import become_child
+from rtp_llm.engine.protocol import (AbortRequest, AddRequest, CoreDied, Rejected, Ready, Shutdown, StartupFailed,
                                      StatsUpdate, StepOutputs, WorkerFailed)
 
 log = logging.getLogger("rtp_llm.engine.core_loop")
-
-_PR_SET_PDEATHSIG = 1
-
 
 class PipeTransport:
     """The engine process's end of the pipe to the server process."""
@@ -88,9 +84,8 @@ def _apply(core, msg, transport) -> None:
     if isinstance(msg, AddRequest):
         try:
             core.add_request(msg.request)
-            transport.send(Added(msg.request.request_id, None))
-        except Exception as exc:  # validation errors go back to the caller
-            transport.send(Added(msg.request.request_id, picklable(exc)))
+        except Exception as exc:  # a refusal (queue full, id in use) ends the caller's stream; silence means accepted
+            transport.send(Rejected(msg.request.request_id, picklable(exc)))
     elif isinstance(msg, AbortRequest):
         core.abort(msg.request_id)
     else:
@@ -119,11 +114,7 @@ def run(core, transport) -> None:
 
 def run_engine_process(config, conn, log_level: str) -> None:
     """Entry point of the engine process (multiprocessing spawn target): builds the core, says Ready, serves."""
-    _die_with_parent()
-    # Ctrl-C, and a supervisor's SIGTERM (systemd's KillMode=control-group, kill -TERM -PGID, timeout), reach the
-    # whole process group: the server decides how to stop (it drains, then sends Shutdown), not this process.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    become_child()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # A fatal signal in a kernel (SIGSEGV, SIGILL, SIGBUS) prints this process's Python stack to the server's log:
     # the op and the step that died, where the server itself can only say that the engine exited.
@@ -140,7 +131,7 @@ def run_engine_process(config, conn, log_level: str) -> None:
     # not rescan them in every full collection of the serving loop.
     gc.freeze()
     try:
-        transport.send(Ready(core.model_path, core.max_model_len, core.vocab_size, core.stats()))
+        transport.send(Ready(core.model_path, core.limits, core.stats()))
     except OSError:
         core.close()
         return
@@ -154,12 +145,3 @@ def picklable(exc: BaseException) -> BaseException:
         return exc
     except Exception:  # noqa: BLE001 - an exception type that does not survive pickling
         return RuntimeError(f"{type(exc).__name__}: {exc}")
-
-
-def _die_with_parent() -> None:
-    """A parent killed outright (SIGKILL, OOM) takes this process with it instead of leaving it holding the
-    model's memory until its next pipe read."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the closed pipe still ends the loop
-        pass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional, Sequence, Union
 
-from rtp_llm.engine.protocol import EngineRequest
+from rtp_llm.engine.protocol import EngineRequest, InputLimits
 from rtp_llm.errors import RequestRejected
 from rtp_llm.sampling.grammar import GrammarCompiler
 from rtp_llm.sampling.params import SamplingParams
@@ -20,16 +20,14 @@ Prompt = Union[str, Sequence[int], dict]
 
 
 class InputProcessor:
-    def __init__(self, tokenizer, max_model_len: int, vocab_size: int, grammars: Optional[GrammarCompiler] = None,
-                 max_logprobs: int = 20):
-        """vocab_size: the model's (its embedding rows), which may exceed the tokenizer's. grammars: the engine's
-        compiler when it runs in this process (its cache is then shared). max_logprobs: the most top logprobs a
-        request may ask (-1: no cap)."""
+    def __init__(self, tokenizer, limits: InputLimits, grammars: Optional[GrammarCompiler] = None):
+        """grammars: the engine's compiler when it runs in this process (its cache is then shared)."""
         self.tokenizer = tokenizer
-        self.max_model_len = max_model_len
-        self.vocab_size = vocab_size
-        self.max_logprobs = max_logprobs
-        self.grammars = grammars or GrammarCompiler(tokenizer, vocab_size)
+        self.limits = limits
+        self.max_model_len = limits.max_model_len
+        self.vocab_size = limits.vocab_size
+        self.max_logprobs = limits.max_logprobs
+        self.grammars = grammars or GrammarCompiler(tokenizer, limits.vocab_size)
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **variables) -> str:
         """The conversation through the model's chat template (ChatTemplateError if the template refuses it);
@@ -102,4 +100,9 @@ class InputProcessor:
             raise RequestRejected(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {len(ids) + params.max_tokens} "
                 f"exceeds max_model_len={self.max_model_len}")
+        bs, pool = self.limits.block_size, self.limits.kv_blocks
+        worst = -(-(len(ids) + params.max_tokens) // bs) + (params.n - 1) * (-(-params.max_tokens // bs) + 1)
+        if worst > pool:
+            raise RequestRejected(f"the request needs up to {worst} KV blocks but the pool has {pool}; lower "
+                                  f"max_tokens or n")
         return EngineRequest(request_id, ids, params, arrival if arrival is not None else time.monotonic())

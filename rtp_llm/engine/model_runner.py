@@ -57,12 +57,15 @@ class ModelRunner:
     # --- the step ----------------------------------------------------------------------------------------------
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         items = sched.scheduled
-        step = StepMessage([np.asarray(x.tokens) for x in items], [x.start for x in items], [x.slots for x in items],
-                           [x.need_logits for x in items], sched.block_table, list(sched.copies))
+        tokens, starts, slots = [x.tokens for x in items], [x.start for x in items], [x.slots for x in items]
+        need = [x.need_logits for x in items]
+        greedy = self._greedy_step(sched) and not sched.prompt_rows
         try:
-            if self.tp is not None:
-                self.tp.send_step(step)
-            out = self.forward(step, greedy=self._greedy_step(sched) and not sched.prompt_rows)
+            if self.tp is not None:  # the other ranks run the same step from its message
+                self.tp.send_step(StepMessage([np.asarray(t) for t in tokens], starts, slots, need, sched.block_table,
+                                              list(sched.copies)))
+            out = self._run(ForwardBatch.build(tokens, starts, slots, sched.block_table, self.block_size, need,
+                                               self.device), sched.copies, greedy)
         except Exception as exc:
             if self.tp is None or isinstance(exc, TPWorkerError):
                 raise
@@ -90,12 +93,19 @@ class ModelRunner:
                             for j in range(n)]
 
     def forward(self, step: StepMessage, greedy: bool = False):
-        """The model call itself, identical on every tensor-parallel rank (logits only on rank 0): float32 logits
-        of the rows that sample, or with `greedy` possibly their argmax only (GreedyTokens)."""
-        self.kv.copy_blocks(step.copies)
+        """A step as its message gives it (tensor-parallel ranks 1.., tests): float32 logits of the rows that
+        sample (only on rank 0), or with `greedy` possibly their argmax only (GreedyTokens)."""
         batch = ForwardBatch.build(step.tokens, step.starts, step.slots, step.block_table, self.block_size,
                                    step.need_logits, self.device)
-        return self.model(batch, self.kv, self.attn, greedy=greedy)
+        return self._run(batch, step.copies, greedy)
+
+    def _run(self, batch: ForwardBatch, copies, greedy: bool):
+        """The model call itself, identical on every tensor-parallel rank."""
+        self.kv.copy_blocks(copies)
+        h = self.model(batch, self.kv, self.attn)
+        if greedy and self.model.has_greedy_head:
+            return GreedyTokens(self.model.greedy_token_ids(h))
+        return self.model.compute_logits(h)
 
     @staticmethod
     def _greedy_step(sched: SchedulerOutput) -> bool:

@@ -3,7 +3,8 @@ in a thread or over a pipe to the engine process), and the EngineRequest the inp
 
 client -> core:  AddRequest | AbortRequest | Shutdown
 core -> client:  Ready | StartupFailed                once, at start-up
-                 Added                                one per AddRequest (accepted, or the validation error)
+                 Rejected                             an AddRequest the core refused (queue full, id in use);
+                                                      an accepted one gets no answer but its outputs
                  StepOutputs | StatsUpdate            after a step / after commands that changed the state
                  WorkerFailed                         a tensor-parallel worker died or hung (monitor thread)
                  CoreDied                             the engine loop raised
@@ -17,6 +18,17 @@ from typing import Optional
 
 from rtp_llm.engine.outputs import TokenLogprob
 from rtp_llm.sampling.params import SamplingParams
+
+
+@dataclass(frozen=True)
+class InputLimits:
+    """What a request is checked against, as the engine core answers it (EngineCore.limits; the engine process
+    sends it in its Ready message)."""
+    max_model_len: int
+    vocab_size: int        # the model's (its embedding rows), which may exceed the tokenizer's
+    kv_blocks: int         # usable KV blocks: a request whose worst case needs more could never run
+    block_size: int
+    max_logprobs: int = 20  # the most top logprobs a request may ask (-1: no cap)
 
 
 @dataclass
@@ -58,7 +70,7 @@ class SampleDelta:
 
 @dataclass
 class OutputDelta:
-    """One request's news of a step; OutputCollector turns these into RequestOutputs."""
+    """One request's news of a step; a RequestState (engine/outputs.py) turns these into RequestOutputs."""
     request_id: str
     prompt_token_ids: Optional[list[int]]  # with the request's first delta only
     finished: bool
@@ -72,8 +84,7 @@ class OutputDelta:
 @dataclass
 class Ready:
     model_path: str
-    max_model_len: int
-    vocab_size: int
+    limits: InputLimits
     stats: dict
 
 
@@ -83,9 +94,9 @@ class StartupFailed:
 
 
 @dataclass
-class Added:
+class Rejected:
     request_id: str
-    error: Optional[BaseException]
+    error: BaseException
 
 
 @dataclass

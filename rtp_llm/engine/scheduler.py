@@ -129,9 +129,6 @@ class Scheduler:
         log.info("preempted sequence %d of request %s (recompute %d tokens)", seq.seq_id, seq.request.request_id,
                  seq.num_tokens)
 
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
     # --- one step ------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()

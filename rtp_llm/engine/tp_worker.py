@@ -10,33 +10,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import sys
 
 from rtp_llm.config.engine_config import EngineConfig
+from rtp_llm.engine.child_process import become_child
 from rtp_llm.distributed.launch import CONFIG_ENV, SPAWNED_ENV, LaunchEnv, join_as_worker, launch_env
 
 log = logging.getLogger("rtp_llm.engine.tp_worker")
-
-
-def _die_with_parent() -> None:
-    """A spawned worker must not outlive the rank 0 that spawned it (Linux: PR_SET_PDEATHSIG)."""
-    parent = int(os.environ.get(SPAWNED_ENV, "0"))
-    if not parent:
-        return
-    # A group signal (Ctrl-C, a supervisor's SIGTERM) is rank 0's to act on: it stops its workers when it is done.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        return
-    if os.getppid() != parent:  # the parent died before the prctl
-        os._exit(1)
 
 
 def run_worker(config: EngineConfig, env: LaunchEnv) -> int:
@@ -79,7 +59,9 @@ def run_worker(config: EngineConfig, env: LaunchEnv) -> int:
 def main() -> int:
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "info").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _die_with_parent()
+    parent = int(os.environ.get(SPAWNED_ENV, "0"))
+    if parent:  # spawned by rank 0 (not a torchrun rank): it must not outlive rank 0
+        become_child(parent)
     config = EngineConfig(**json.loads(os.environ[CONFIG_ENV]))
     return run_worker(config, launch_env(config.tp_size))
 

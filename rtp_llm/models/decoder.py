@@ -13,7 +13,7 @@ of the vocab-parallel logits to rank 0. Without one, the shard is the whole mode
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+from typing import Iterable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +32,6 @@ from rtp_llm.layers.rotary import RotaryEmbedding
 from rtp_llm.models.lazy_tensor import LazyTensor, read_tensor
 from rtp_llm.models.quantized import QuantizedWeight
 from rtp_llm.models.sharding import TPShard
-from rtp_llm.sampling.sampler import GreedyTokens
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +51,21 @@ class DecoderLayer(nn.Module):
         self.post_norm = RMSNorm(h, eps, dtype, device, ops)
         self.mlp = GatedMLP(h, shard.intermediate, cfg.mlp_bias, dtype, device, ops, tp)
 
+    # The layer's weights by name: this forward reads them as attributes, a device's fused step (the C++ op names
+    # its slots "qkv.packed", "post_norm", ...) looks them up with part(); a new kind of part is named once here.
+    NORMS = ("input_norm", "q_norm", "k_norm", "post_norm")
+    LINEARS = ("qkv", "o", "gate_up", "down")
+
+    def part(self, name: str) -> Optional[nn.Module]:
+        """A norm or linear layer by name; None for a norm the model does not have (q_norm without qk_norm)."""
+        if name in ("gate_up", "down"):
+            return getattr(self.mlp, name)
+        if name in self.NORMS or name in self.LINEARS:
+            return getattr(self, name)
+        raise KeyError(f"a decoder layer has no part {name!r} (parts: {self.NORMS + self.LINEARS})")
+
     def linears(self) -> list[Linear]:
-        return [self.qkv, self.o, self.mlp.gate_up, self.mlp.down]
+        return [self.part(name) for name in self.LINEARS]
 
     def forward(self, x, residual, cos, sin, layer_kv, attn: AttentionBackend, meta):
         if residual is None:
@@ -245,29 +257,44 @@ class DecoderLM(nn.Module):
 
     # --- forward -------------------------------------------------------------------------------------
     @torch.no_grad()
-    def forward(self, batch: ForwardBatch, kv: KVBuffer, attn: AttentionBackend,
-                greedy: bool = False) -> torch.Tensor | GreedyTokens:
-        """Logits [len(batch.logits_indices), vocab] in float32; with `greedy` (every sampled row greedy, nothing
-        reshaping its logits) and no tensor parallelism, their argmax per row instead (GreedyTokens)."""
+    def forward(self, batch: ForwardBatch, kv: KVBuffer, attn: AttentionBackend) -> torch.Tensor:
+        """The final norm's hidden states of the rows that need logits ([len(batch.logits_indices), hidden]); the
+        model runner turns them into logits (compute_logits) or greedy tokens (greedy_token_ids)."""
         meta = attn.prepare(batch)
         cos, sin = self.rotary.cos_sin(batch.positions, self.dtype, max(batch.kv_lens) - 1)
         x = self._embed(batch.input_ids)
         residual = None
-        fused = None if self.fused_layers is None else self.fused_layers(x, cos, sin, kv, meta, attn.scale)
-        if fused is not None:
-            x, residual = fused
+        if self.fused_layers is not None and self.fused_layers.runs(meta):
+            x, residual = self.fused_layers(x, cos, sin, kv, meta, attn.scale)
         else:
             for i, layer in enumerate(self.layers):
                 x, residual = layer(x, residual, cos, sin, kv.layer(i), attn, meta)
         # The rows that need logits: every row in a decode step (no gather then), else an index_select (torch's
-        # advanced indexing wakes its OpenMP team: ~0.1 ms at a decode step's size). The sum and the norm in one
-        # op (add_rms_norm rounds the sum as x + residual does).
+        # advanced indexing wakes its OpenMP team). The sum and the norm in one op (add_rms_norm rounds the sum as
+        # x + residual does).
         idx = batch.logits_indices
         if idx.numel() != x.shape[0]:
             x, residual = x.index_select(0, idx), residual.index_select(0, idx)
-        h = self.norm.add(x, residual)[0]
+        return self.norm.add(x, residual)[0]
+
+    @property
+    def has_greedy_head(self) -> bool:
+        """Whether greedy_token_ids can skip the logits (the whole vocabulary is on this rank)."""
+        return self.tp is None
+
+    @torch.no_grad()
+    def greedy_token_ids(self, h: torch.Tensor) -> torch.Tensor:
+        """Each row's argmax over the vocabulary ([R] int64), without materialising the logits where the device's
+        head can; the same ids as compute_logits(h).argmax(-1)."""
+        if not self.has_greedy_head:
+            raise RuntimeError("greedy_token_ids needs the whole vocabulary on this rank (no tensor parallelism)")
+        return self.ops.greedy_tokens(h, self.head)
+
+    @torch.no_grad()
+    def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """float32 logits [R, vocab] of forward's hidden states (gathered across tensor-parallel ranks)."""
         if self.tp is None:
-            return GreedyTokens(self.ops.greedy_tokens(h, self.head)) if greedy else self.head(h).float()
+            return self.head(h).float()
         if h.shape[0] == 0:  # every rank knows: the sampled rows are part of the step message
             return h.new_empty((0, self.cfg.vocab_size), dtype=torch.float32)
         return self.tp.gather_vocab(self.head(h).float(), self.shard, self.cfg.vocab_size)

@@ -2,7 +2,7 @@
 carries a matcher (its parser state), and every step the matchers of the rows that sample write a token bitmask
 that the sampler applies to the logits on the engine's device.
 
-llguidance was chosen over xgrammar and outlines-core (benchmarks/README.md, "Structured outputs"): a 3 MB wheel
+llguidance was chosen over xgrammar and outlines-core (benchmarks/ARCHIVE.md, "Structured outputs"): a 3 MB wheel
 with no dependencies, no ahead-of-time compile (a matcher is ready in about a millisecond and computes masks
 lazily), JSON schema, regex, Lark and GBNF in one engine; xgrammar needs apache-tvm-ffi and declares triton.
 

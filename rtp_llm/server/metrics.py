@@ -82,7 +82,7 @@ class Metrics:
         if arrival is not None and finish is not None:
             self.e2e.labels(self.model).observe(finish - arrival)
             self.vllm_e2e.labels(self.model).observe(finish - arrival)
-        n_out = max((len(o.token_ids) for o in out.outputs), default=0)
+        n_out = max((o.num_tokens for o in out.outputs), default=0)
         if first is not None and finish is not None and n_out > 1:
             mean = (finish - first) / (n_out - 1)
             self.tpot.labels(self.model).observe(mean)

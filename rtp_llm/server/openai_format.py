@@ -222,7 +222,7 @@ def native_response(out: RequestOutput, t0: float, incremental: bool) -> dict:
         "finished": out.finished,
         "aux_info": {
             "input_len": len(out.prompt_token_ids),
-            "output_len": max(len(o.token_ids) for o in out.outputs),
+            "output_len": max(o.num_tokens for o in out.outputs),
             "reuse_len": out.num_cached_tokens,
             "cost_time": round((time.monotonic() - t0) * 1000, 3),
             "finish_reason": [o.finish_reason for o in out.outputs] if len(texts) > 1 else out.outputs[0].finish_reason,

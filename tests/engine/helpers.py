@@ -25,8 +25,7 @@ class Driver:
 
     def __init__(self, core: EngineCore):
         self.core = core
-        self.processor = InputProcessor(core.tokenizer, core.max_model_len, core.vocab_size,
-                                        max_logprobs=core.config.max_logprobs)
+        self.processor = InputProcessor(core.tokenizer, core.limits)
         self.collector = OutputCollector()
 
     def add_request(self, request_id, prompt, params=None):

@@ -190,3 +190,28 @@ def test_listening_beyond_loopback_without_a_key_warns():
             assert ("without --api_key" in srv.output()) == warned, srv.output()[-1500:]
         finally:
             assert srv.stop() == 0
+
+
+def test_every_engine_flag_reaches_engine_config_with_engine_configs_default():
+    """One table of settings: a flag that configures the engine takes EngineConfig's default and lands in its
+    field (a flag typed twice with drifted defaults fails here)."""
+    import dataclasses
+
+    from rtp_llm.config.engine_config import EngineConfig
+    from rtp_llm.config.server_args import engine_config
+
+    engine_flags = [f for f in FLAGS if f.engine is not None]
+    assert {f.engine for f in engine_flags} >= {"model", "max_queue_len", "max_num_seqs", "tp_timeout_s", "device"}
+    defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    cfg = engine_config(resolve([], {}), "cpu")
+    for f in engine_flags:
+        if f.engine.startswith("device_options."):
+            assert cfg.device_options[f.engine.split(".", 1)[1]] == f.default, f.name
+        elif f.name != "device":  # "auto" is resolved to the machine's device before the engine sees it
+            assert f.default == defaults[f.engine] == getattr(cfg, f.engine), f.name
+    # and a value given on the command line reaches the engine's field
+    argv = ["--max_queue_len", "7", "--max_num_seqs", "3", "--tp_timeout", "9.5", "--cpu_gemv_weights", "off",
+            "--max_logprobs", "-1", "--model", "/m"]
+    cfg = engine_config(resolve(argv, {}), "cpu")
+    assert (cfg.max_queue_len, cfg.max_num_seqs, cfg.tp_timeout_s, cfg.max_logprobs, cfg.model) == (7, 3, 9.5, -1, "/m")
+    assert cfg.device_options == {"cpu_gemv_weights": "off"}

@@ -1,4 +1,4 @@
-"""The README's structured-output and tool-call examples, read from README.md and run as a user would paste them,
+"""The API docs' structured-output and tool-call examples, read from docs/api.md and run as a user would paste them,
 against a real server on the embedded model: what they print is what the README says they print."""
 
 import json
@@ -11,8 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _section_python(title: str) -> str:
-    text = (ROOT / "README.md").read_text()
-    section = text.split(f"### {title}\n", 1)[1].split("\n#", 1)[0]
+    text = (ROOT / "docs" / "api.md").read_text()
+    section = text.split(f"## {title}\n", 1)[1].split("\n#", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     assert len(blocks) == 1, f"one python example under '{title}'"
     return blocks[0]
@@ -22,7 +22,7 @@ def test_structured_output_and_tool_call_examples_run_as_pasted(server, capsys):
     ns: dict = {}
     for title in ("Structured outputs", "Tool calls"):
         code = _section_python(title).replace("http://127.0.0.1:8000", server.url)
-        exec(compile(code, f"README.md ({title})", "exec"), ns)  # noqa: S102 - the README's own example
+        exec(compile(code, f"docs/api.md ({title})", "exec"), ns)  # noqa: S102 - the README's own example
     printed = capsys.readouterr().out.splitlines()
     jsonschema.validate(json.loads(printed[0]), ns["schema"])           # the json_schema answer
     assert ns["r"].choices[0].message.tool_calls[0].function.name == "get_weather"

@@ -1,8 +1,7 @@
 // The greedy token of each row of logits: argmax with torch.argmax's ties (the lowest index), for heads whose
 // logits are computed in full (bf16 runs, GGUF heads kept as stored).
 //
-// Why: torch's argmax reduces one element at a time, and a bf16 row first becomes a float32 copy: 0.86 ms per
-// decode step of 32 rows x 49,152 logits here, a few percent of the step (benchmarks/README.md). Here 8 lanes (16
+// Why: torch's argmax reduces one element at a time, and a bf16 row first becomes a float32 copy. Here 8 lanes (16
 // with AVX-512) keep their running maximum and its index, four such sets to hide the compare-and-blend latency.
 #include <ATen/ATen.h>
 

@@ -17,6 +17,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <iterator>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -27,13 +28,21 @@ namespace rtp_llm {
 namespace {
 
 // Per layer, `weights` holds these, in this order (None where the model has no such tensor, or the layer keeps
-// no such copy: device/cpu/fused_layers.py builds the list), and `sizes` per linear layer its output features
-// and the rows up to which its GEMV copy serves.
+// no such copy), and `sizes` per linear layer its output features and the rows up to which its GEMV copy serves.
+// Python builds both lists by the names below (decoder_layer_slots / decoder_layer_linears), never by position.
 enum Slot : int64_t {
     kInputNorm, kQkvW, kQkvP, kQkvB, kQNorm, kKNorm, kOW, kOP, kOB, kPostNorm, kGateUpW, kGateUpP, kGateUpB,
     kDownW, kDownP, kDownB, kSlots
 };
 enum Linear : int64_t { kQkv, kO, kGateUp, kDown, kLinears };
+
+// The slots' names, in Slot order: "<part>" for a norm's weight, "<linear>.<plain|packed|bias>" for a linear's.
+constexpr const char* kSlotNames[] = {
+    "input_norm", "qkv.plain", "qkv.packed", "qkv.bias", "q_norm", "k_norm", "o.plain", "o.packed", "o.bias",
+    "post_norm", "gate_up.plain", "gate_up.packed", "gate_up.bias", "down.plain", "down.packed", "down.bias"};
+static_assert(sizeof(kSlotNames) / sizeof(kSlotNames[0]) == kSlots, "a name per slot");
+constexpr const char* kLinearNames[] = {"qkv", "o", "gate_up", "down"};
+static_assert(sizeof(kLinearNames) / sizeof(kLinearNames[0]) == kLinears, "a name per linear layer");
 
 struct LayerWeights {
     const c10::List<std::optional<at::Tensor>>& w;
@@ -46,7 +55,7 @@ struct LayerWeights {
     }
     at::Tensor req(Slot s) const {
         auto t = opt(s);
-        TORCH_CHECK(t.has_value(), "decoder_layers: layer ", layer, " lacks weight #", static_cast<int64_t>(s));
+        TORCH_CHECK(t.has_value(), "decoder_layers: layer ", layer, " lacks its ", kSlotNames[s], " weight");
         return *t;
     }
     int64_t out_features(Linear l) const { return sizes[(layer * kLinears + l) * 2]; }
@@ -61,6 +70,10 @@ struct LayerWeights {
 };
 
 }  // namespace
+
+std::vector<std::string> decoder_layer_slots() { return {std::begin(kSlotNames), std::end(kSlotNames)}; }
+
+std::vector<std::string> decoder_layer_linears() { return {std::begin(kLinearNames), std::end(kLinearNames)}; }
 
 std::tuple<at::Tensor, at::Tensor> decoder_layers(
     const at::Tensor& x_in, const c10::List<std::optional<at::Tensor>>& weights, at::IntArrayRef sizes,

@@ -8,7 +8,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "rtp_llm/cpp/cpu/cpu_features.h"
 
@@ -199,6 +201,10 @@ at::Tensor apply_top_k_top_p(const at::Tensor& logits, const std::optional<at::T
 // q_starts given: the rows are prefills, attended by prefill_attention (block_table / kv_lens per sequence);
 // else one paged_attention row per token (block_table / kv_lens per row). piece_rows > 0: the rows go through
 // everything but the attention in pieces of that many (row-independent kernels only); 0: all at once.
+// The names of a layer's weight slots and of its linear layers, in the order decoder_layers reads them.
+std::vector<std::string> decoder_layer_slots();
+std::vector<std::string> decoder_layer_linears();
+
 std::tuple<at::Tensor, at::Tensor> decoder_layers(
     const at::Tensor& x, const c10::List<std::optional<at::Tensor>>& weights, at::IntArrayRef sizes,
     const at::Tensor& kv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,

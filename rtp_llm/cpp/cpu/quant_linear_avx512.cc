@@ -246,8 +246,8 @@ RTP_AVX512 __attribute__((always_inline)) inline void direct_sums(const uint8_t*
         for (int q = 0; q < G; ++q) acc[r][q] = _mm512_setzero_ps();
     const int64_t blocks = k / kE;
     // Long group streams (a k-quant's 4864 columns: 45-64 KB each) are requested ~1 KB ahead within each stream
-    // instead: the G streams of the next span were then 4 x 64 KB, requested while the current span's own were
-    // left to the hardware prefetcher (Q6_K 896 x 4864 at one row: 17-20 -> 24-25 GB/s).
+    // instead: the G streams of the next span would be too far ahead, and the current span's own would be left to
+    // the hardware prefetcher.
     if (group_bytes >= kLongStream) ahead = reinterpret_cast<const char*>(w) + (1024 + L.bytes - 1) / L.bytes * L.bytes;
     constexpr int kLinesPerBlock = (L.bytes + 63) / 64;
     constexpr int kLinesPerSection = (kLinesPerBlock + C::kSections - 1) / C::kSections;

@@ -24,7 +24,7 @@
 // c = m - d 2^(23-p) (Q4_0: -(8 + 2^(23-p)) d; Q5_0: -(16 + 2^(23-p)) d), rounded once to gguf's value when c is
 // exact: always for Q4_0 and Q5_0 (at most 21 significant bits), checked per block at pack time for Q4_1
 // (slots_exact). The AVX-512 decode is then a mask-or, an FMA and an eighth of a rotation per weight instead of an
-// extraction, a conversion and an FMA (benchmarks/README.md: issue 21).
+// extraction, a conversion and an FMA.
 // Q8_0 the same way with bytes: element 4w + i's q + 128 at bits kByteSlotBit[i].. of its word, two at bits 15 and
 // 7 of the word and two of it rotated by 16; 256 d f + c = d q exactly (c = -384 d or -65664 d: exact).
 #pragma once

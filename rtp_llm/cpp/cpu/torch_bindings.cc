@@ -55,6 +55,8 @@ TORCH_LIBRARY(rtp_llm, m) {
 
     m.def("apply_top_k_top_p(Tensor logits, Tensor? k, Tensor? p) -> Tensor");
 
+    m.def("decoder_layer_slots() -> str[]", &decoder_layer_slots);
+    m.def("decoder_layer_linears() -> str[]", &decoder_layer_linears);
     m.def("decoder_layers(Tensor x, Tensor?[] weights, int[] sizes, Tensor kv, Tensor cos, Tensor sin, "
           "Tensor slots, Tensor block_table, Tensor kv_lens, Tensor? q_starts, int num_heads, int num_kv_heads, "
           "float eps, float scale, bool gated_mlp, int piece_rows) -> (Tensor, Tensor)");

@@ -8,8 +8,8 @@ the reference backend's scaled-dot-product attention. A mixed batch runs both ki
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Optional
 
 import numpy as np
@@ -27,19 +27,19 @@ class PrefillSeqs:
     table: torch.Tensor                        # [S, W] int32 block tables
     starts: torch.Tensor                       # [S + 1] int64: each sequence's first row among the prefill rows
     kv_lens: torch.Tensor                      # [S] int64
-    sub_batch: SimpleNamespace                 # the same sequences as a batch, for TorchRefAttention.prepare
+    sub_batch: ForwardBatch                    # the same sequences as a batch, for TorchRefAttention.prepare
     ref: Optional[RefMeta] = None              # built on first use (the fallback paths)
 
 
 @dataclass
 class CpuMeta:
     slots: torch.Tensor
-    paged_rows: Optional[torch.Tensor]         # flat token rows for the paged kernel (None: all or none)
-    paged_table: Optional[torch.Tensor]        # [rows, W] int32: each such row's block table
-    paged_lens: Optional[torch.Tensor]         # [rows] int64: the keys each such row sees (causal)
-    prefill_rows: Optional[torch.Tensor]       # flat token rows of longer prefills (None: all or none)
-    prefill: Optional[PrefillSeqs]
     all_paged: bool                            # every row goes through the paged kernel
+    paged_rows: Optional[torch.Tensor] = None  # flat token rows for the paged kernel (None: all or none)
+    paged_table: Optional[torch.Tensor] = None  # [rows, W] int32: each such row's block table
+    paged_lens: Optional[torch.Tensor] = None  # [rows] int64: the keys each such row sees (causal)
+    prefill_rows: Optional[torch.Tensor] = None  # flat token rows of longer prefills (None: all or none)
+    prefill: Optional[PrefillSeqs] = None
     uniform_fresh: int = 0  # > 0: that many fresh prompts of equal length, nothing cached (causal SDPA as is)
     # the C++ prefill kernel serves this CPU and head_dim (for a cache in q's dtype, float32 or bfloat16)
     prefill_kernel: bool = False
@@ -64,29 +64,30 @@ class CpuAttention(TorchRefAttention):
         q_lens = batch.q_lens
         slots = batch.slot_mapping.to(torch.int64)
         if max(q_lens) == 1:  # decodes only: one row per sequence, the batch's own table and lengths
-            return CpuMeta(slots, None, batch.block_table, torch.tensor(batch.kv_lens, dtype=torch.int64),
-                           None, None, True)
+            return CpuMeta(slots, all_paged=True, paged_table=batch.block_table,
+                           paged_lens=torch.tensor(batch.kv_lens, dtype=torch.int64))
         q = np.asarray(q_lens, dtype=np.int64)
         paged = q <= self.PAGED_MAX_Q
         if paged.all():
             seq, lens = self._paged_rows(q, batch.kv_lens, np.arange(len(q)))
-            return CpuMeta(slots, None, batch.block_table[torch.from_numpy(seq)], torch.from_numpy(lens), None,
-                           None, True)
+            return CpuMeta(slots, all_paged=True, paged_table=batch.block_table[torch.from_numpy(seq)],
+                           paged_lens=torch.from_numpy(lens))
         if not paged.any():
             prefill = self._prefill_seqs(batch, np.arange(len(q)))
             # Fresh prompts of one length (offline batches, benchmarks): where the prefill kernel does not
             # apply, SDPA runs causal on the step's own k and v, without the general path's gather and mask.
             fresh = len(set(q_lens)) == 1 and list(batch.kv_lens) == list(q_lens)
-            return CpuMeta(slots, None, None, None, None, prefill, False, uniform_fresh=len(q_lens) if fresh else 0,
+            return CpuMeta(slots, all_paged=False, prefill=prefill, uniform_fresh=len(q_lens) if fresh else 0,
                            prefill_kernel=self._prefill_kernel_fits())
         starts = np.cumsum(q) - q
         short, long_ = np.flatnonzero(paged), np.flatnonzero(~paged)
         seq, lens = self._paged_rows(q, batch.kv_lens, short)
         paged_rows = np.concatenate([np.arange(starts[i], starts[i] + q[i]) for i in short])
         prefill_rows = np.concatenate([np.arange(starts[i], starts[i] + q[i]) for i in long_])
-        return CpuMeta(slots, torch.from_numpy(paged_rows), batch.block_table[torch.from_numpy(seq)].contiguous(),
-                       torch.from_numpy(lens), torch.from_numpy(prefill_rows), self._prefill_seqs(batch, long_),
-                       False)
+        return CpuMeta(slots, all_paged=False, paged_rows=torch.from_numpy(paged_rows),
+                       paged_table=batch.block_table[torch.from_numpy(seq)].contiguous(),
+                       paged_lens=torch.from_numpy(lens), prefill_rows=torch.from_numpy(prefill_rows),
+                       prefill=self._prefill_seqs(batch, long_))
 
     @staticmethod
     def _prefill_seqs(batch: ForwardBatch, seqs: np.ndarray) -> PrefillSeqs:
@@ -94,8 +95,7 @@ class CpuAttention(TorchRefAttention):
         kv_lens = [batch.kv_lens[i] for i in seqs]
         idx = torch.from_numpy(seqs)
         table = batch.block_table[idx].contiguous()
-        sub = SimpleNamespace(input_ids=batch.input_ids, q_lens=q.tolist(), kv_lens=kv_lens,
-                              block_size=batch.block_size, block_table=table, slot_mapping=batch.slot_mapping)
+        sub = dataclasses.replace(batch, q_lens=q.tolist(), kv_lens=kv_lens, block_table=table)
         return PrefillSeqs(table, torch.from_numpy(np.concatenate([[0], np.cumsum(q)])),
                            torch.tensor(kv_lens, dtype=torch.int64), sub)
 
@@ -128,8 +128,8 @@ class CpuAttention(TorchRefAttention):
                                                      enable_gqa=self.num_heads != self.num_kv_heads)
                 return out.transpose(1, 2).reshape(q.shape)
             return self._prefill(q, layer_kv, meta.prefill)
-        # index_select / index_copy_, not q[rows] / out[rows] = ...: torch's advanced indexing takes ~0.1 ms per
-        # call from a few thousand elements on (it wakes the OpenMP team), four calls per layer of a mixed step.
+        # index_select / index_copy_, not q[rows] / out[rows] = ...: torch's advanced indexing wakes the OpenMP team
+        # from a few thousand elements on, four calls per layer of a mixed step.
         out = torch.empty_like(q)
         out.index_copy_(0, meta.paged_rows, self.kernels.paged_attention(
             q.index_select(0, meta.paged_rows), layer_kv[0], layer_kv[1], meta.paged_table, meta.paged_lens,

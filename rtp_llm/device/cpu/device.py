@@ -23,9 +23,8 @@ class CpuDevice(Device):
     # The KV cache when the config gives no size: host memory is shared with everything else, so a fixed size.
     DEFAULT_KV_CACHE_BYTES = GiB
     # Tokens per KV block (vLLM's CPU backend defaults to 128 too): a decode step reads each sequence's keys and
-    # values block by block, and the hardware prefetchers restart at every block; 16-token blocks (6 KB of K
-    # for SmolLM2) made W's decode attention ~1 ms per step slower (benchmarks.cpu_decode_attention
-    # --block-size). The price: the prefix cache matches whole 128-token blocks.
+    # values block by block, and the hardware prefetchers restart at every block, so short blocks cost
+    # (benchmarks.cpu_decode_attention --block-size). The price: the prefix cache matches whole 128-token blocks.
     default_block_size = 128
 
     def __init__(self, index: int = 0, options=None):

@@ -18,9 +18,13 @@ import torch
 FUSED_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _linear_args(lin) -> tuple[list, list[int]]:
-    k = lin.kernel
-    return [k.plain, k.packed, lin.bias], [k.out_features, k.gemv_rows]
+def _slot(layer, name: str):
+    """One of the C++ op's weight slots ("post_norm", "qkv.packed", ...) from the layer's named parts."""
+    part_name, _, field = name.partition(".")
+    part = layer.part(part_name)
+    if not field:  # a norm's weight; None where the model has no such norm
+        return None if part is None else part.weight
+    return part.bias if field == "bias" else getattr(part.kernel, field)
 
 
 def _rows_independent(kernel) -> bool:
@@ -37,38 +41,35 @@ class FusedDecoderLayers:
         first = layers[0]
         self.num_heads, self.num_kv_heads, self.eps = first.num_heads, first.num_kv_heads, cfg.rms_norm_eps
         self.dtype = first.qkv.weight.dtype
-        linears = [lin for layer in layers for lin in (layer.qkv, layer.o, layer.mlp.gate_up, layer.mlp.down)]
+        linears = [lin for layer in layers for lin in layer.linears()]
         gated = {bool(getattr(layer.mlp.gate_up.kernel, "gated", False)) for layer in layers}
-        # The C++ op knows only this module's kernels, no collectives, and gated gate_up in every layer or none.
+        # The C++ op knows only this module's kernels, no collectives, gated gate_up in every layer or none, and
+        # float32 / bfloat16 activations with the KV cache in the same dtype.
         self.usable = (all(hasattr(lin.kernel, "gemv_rows") and lin.tp is None for lin in linears)
-                       and len(gated) == 1)
+                       and len(gated) == 1 and self.dtype in FUSED_DTYPES)
         if not self.usable:
             return
         self.rows_independent = all(_rows_independent(lin.kernel) for lin in linears)
         self.gated = gated.pop()
-        self.weights: list = []
-        self.sizes: list[int] = []
-        for layer in layers:
-            norms = [layer.q_norm.weight, layer.k_norm.weight] if layer.q_norm is not None else [None, None]
-            qkv, qkv_n = _linear_args(layer.qkv)
-            o, o_n = _linear_args(layer.o)
-            gu, gu_n = _linear_args(layer.mlp.gate_up)
-            down, down_n = _linear_args(layer.mlp.down)
-            self.weights += [layer.input_norm.weight, *qkv, *norms, *o, layer.post_norm.weight, *gu, *down]
-            self.sizes += qkv_n + o_n + gu_n + down_n
+        slots, names = kernels.decoder_layer_slots(), kernels.decoder_layer_linears()
+        self.weights = [_slot(layer, name) for layer in layers for name in slots]
+        self.sizes = [n for layer in layers for name in names
+                      for n in (layer.part(name).kernel.out_features, layer.part(name).kernel.gemv_rows)]
+
+    def runs(self, meta) -> bool:
+        """Whether this step's layers run here: its rows all go through one attention kernel the op calls (every
+        row paged, or every row a prefill on the prefill kernel with row-independent linear kernels)."""
+        if not (self.enabled and self.usable):
+            return False
+        return meta.all_paged or (meta.prefill_kernel and meta.prefill_rows is None and self.rows_independent)
 
     def __call__(self, x, cos, sin, kv, meta, scale: float):
-        """(x, residual) after the last layer, or None where the step does not qualify."""
-        if not (self.enabled and self.usable and x.dtype in FUSED_DTYPES
-                and kv.dtype == x.dtype == cos.dtype == self.dtype):
-            return None
+        """(x, residual) after the last layer; only for a step that runs() accepts."""
         pieces = self.piece_rows if self.rows_independent else 0
-        if getattr(meta, "all_paged", False):
+        if meta.all_paged:
             table, lens, starts = meta.paged_table, meta.paged_lens, None
-        elif getattr(meta, "prefill_kernel", False) and meta.prefill_rows is None and self.rows_independent:
-            table, lens, starts = meta.prefill.table, meta.prefill.kv_lens, meta.prefill.starts
         else:
-            return None
+            table, lens, starts = meta.prefill.table, meta.prefill.kv_lens, meta.prefill.starts
         return self.kernels.decoder_layers(
             x.contiguous(), self.weights, self.sizes, kv.buffer, cos.contiguous(), sin.contiguous(), meta.slots,
             table, lens, starts, self.num_heads, self.num_kv_heads, self.eps, scale, self.gated, pieces)

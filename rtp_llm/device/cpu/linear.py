@@ -24,7 +24,7 @@ from typing import Callable, Optional
 import torch
 
 # Rows up to which the GEMV kernel streams the plain weight faster than oneDNN's packed GEMM, per instruction
-# set and dtype (benchmarks.cpu_linear --stream; figures in benchmarks/README.md).
+# set and dtype (benchmarks.cpu_linear --stream; figures in benchmarks/ARCHIVE.md).
 GEMV_MAX_ROWS = {"avx512": {torch.float32: 16, torch.bfloat16: 8},
                  "avx2": {torch.float32: 4, torch.bfloat16: 4}}
 # oneDNN's reorder takes the expected row count as a hint for the blocked format; any count works.

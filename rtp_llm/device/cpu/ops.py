@@ -30,7 +30,7 @@ class CpuOps(TorchOps):
     name = "cpu"
     # The fused norm / RoPE / activation kernels: float32 math, bf16 rounded where the reference rounds.
     FUSED_DTYPES = (torch.float32, torch.bfloat16)
-    # Rows per piece of a prefill's MLP (mlp()); benchmarks/README.md has the measurement.
+    # Rows per piece of a prefill's MLP (mlp()); benchmarks/ARCHIVE.md has the measurement.
     MLP_ROWS = 512
     # torch.ops.rtp_llm.quant_linear's formats (rtp_llm/cpp/cpu/quant_blocks.h); float32 math, bf16 activations
     # widened to it and the result rounded once.

@@ -1,4 +1,4 @@
-"""The model graph's fused ops on Ascend, through torch_npu (semantics: shared/reference/torch_npu_ops.md).
+"""The model graph's fused ops on Ascend, through torch_npu (semantics: docs/ascend.md and tests/npu_emulator).
 
 top-k/top-p runs on the device: the AscendC custom operator when its package is installed
 (ASCEND_CUSTOM_OPP_PATH), else torch_npu.npu_top_k_top_p. Logits never go to the host.

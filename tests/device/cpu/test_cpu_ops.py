@@ -388,6 +388,29 @@ def test_packed_bf16_linear_accumulates_in_fp32(rows):
     assert rel < 2 ** -7  # one bf16 rounding of the result (8 significant bits)
 
 
+@pytest.mark.parametrize("variant", ["qwen3_gqa2_headdim32_untied", "qwen2_gqa4_bias_untied"])
+def test_the_fused_ops_weight_slots_are_the_layers_named_parts(tmp_path, variant):
+    """The C++ op names its weight slots and linear layers; the list it reads is built by those names from each
+    layer's parts: every name resolves, the required ones are there, the optional ones are None exactly where the
+    model lacks them (Qwen2: no q/k norms; Qwen3: no qkv bias)."""
+    make_checkpoint(tmp_path, variant)
+    model, cfg = load_model(str(tmp_path), ops=CpuOps(gemv_weights="off"))
+    kernels = model.ops.kernels
+    slots, linears = kernels.decoder_layer_slots(), kernels.decoder_layer_linears()
+    assert len(set(slots)) == len(slots) and set(linears) == set(model.layers[0].LINEARS)
+    fused = model.fused_layers
+    assert fused.usable and len(fused.weights) == len(slots) * cfg.num_layers
+    assert len(fused.sizes) == 2 * len(linears) * cfg.num_layers
+    last = model.layers[-1]
+    got = dict(zip(slots, fused.weights[-len(slots):]))
+    assert got["input_norm"] is last.input_norm.weight and got["post_norm"] is last.post_norm.weight
+    assert got["down.packed"] is last.mlp.down.kernel.packed and got["o.packed"] is last.o.kernel.packed
+    assert (got["q_norm"] is None) == (not cfg.qk_norm) and (got["qkv.bias"] is None) == (not cfg.qkv_bias)
+    assert fused.sizes[-2] == last.mlp.down.kernel.out_features == cfg.hidden_size
+    with pytest.raises(KeyError, match="no part"):
+        last.part("router")
+
+
 @pytest.mark.parametrize("variant,dtype,linear", [("llama_gqa4_tied_attnbias", "float32", "gemv"),
                                                   ("qwen3_gqa2_headdim32_untied", "float32", "gemv"),
                                                   ("qwen2_gqa4_bias_untied", "bfloat16", "gemv"),
@@ -421,12 +444,15 @@ def test_fused_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, varian
     original = model.fused_layers
     assert original.rows_independent == (panels or blocks)
 
-    def watched(*args):
-        out = original(*args)
-        fused_calls.append(out is not None)
-        return out
+    class Watched:  # records, step by step, whether the step's layers ran in the one C++ call
+        def runs(self, meta):
+            fused_calls.append(original.runs(meta))
+            return fused_calls[-1]
 
-    model.fused_layers = watched
+        def __call__(self, *args):
+            return original(*args)
+
+    model.fused_layers = Watched()
     table = torch.tensor([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 0]], dtype=torch.int32).numpy()
     # the prefill kernel (AVX-512, head_dim a multiple of 16) and row-independent kernels
     prefill_fused = (panels or blocks) and ops.kernels.cpu_isa() == "avx512" and cfg.head_dim % 16 == 0
@@ -435,27 +461,28 @@ def test_fused_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, varian
         original.enabled, original.piece_rows = fuse, pieces
         kv = KVBuffer(cfg.num_layers, 12, 8, cfg.num_kv_heads, cfg.head_dim, dtype=getattr(torch, dtype))
         attn = CpuAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5, 8)
-        logits = [model(ForwardBatch.build([list(range(3, 20)), list(range(30, 41))], [0, 0],
-                                           [list(range(8, 25)), list(range(56, 67))], table, 8), kv, attn)]
+        logits = [model.compute_logits(model(ForwardBatch.build([list(range(3, 20)), list(range(30, 41))], [0, 0],
+                                                                [list(range(8, 25)), list(range(56, 67))], table, 8),
+                                             kv, attn))]
         lens = [17, 11]
         for step in range(5):
             rows = [0, 1] if step % 2 == 0 else [1]  # 2 sequences, then 1
             toks = [[int(logits[-1][min(r, logits[-1].shape[0] - 1)].argmax())] for r in rows]
             slots = [[8 + lens[r]] if r == 0 else [56 + lens[r]] for r in rows]
             batch = ForwardBatch.build(toks, [lens[r] for r in rows], slots, table[rows], 8)
-            logits.append(model(batch, kv, attn))
+            logits.append(model.compute_logits(model(batch, kv, attn)))
             for r in rows:
                 lens[r] += 1
         # a chunk of 3 new tokens after sequence 0's cached 20 (a prompt suffix after a prefix-cache hit)
         # beside a decode: 4 rows, each attended with its own causal length, still one C++ call
         batch = ForwardBatch.build([[5, 6, 7], [9]], lens, [[8 + lens[0] + j for j in range(3)], [56 + lens[1]]],
                                    table, 8)
-        logits.append(model(batch, kv, attn))
+        logits.append(model.compute_logits(model(batch, kv, attn)))
         lens = [lens[0] + 3, lens[1] + 1]
         # a 12-token chunk after sequence 0's 23: the prefill kernel over a cached prefix
         batch = ForwardBatch.build([list(range(60, 72))], [lens[0]], [[8 + lens[0] + j for j in range(12)]],
                                    table[:1], 8)
-        logits.append(model(batch, kv, attn))
+        logits.append(model.compute_logits(model(batch, kv, attn)))
         results.append((logits, kv.buffer.clone()))
         prefills = [0, len(fused_calls) - 1]
         assert all(c == fuse for i, c in enumerate(fused_calls) if i not in prefills), fused_calls

@@ -17,7 +17,7 @@ namespace rtp_llm {
 namespace vec {
 
 // float -> T. For BFloat16 the bits c10::BFloat16(float) gives (round to nearest even, NaN -> 0x7FC0) without its
-// branch, so that element-wise loops over it vectorise (with c10's conversion a bf16 RoPE ran 6x slower than fp32).
+// branch, so that element-wise loops over it vectorise (c10's conversion keeps them scalar).
 template <typename T>
 inline T to(float x) {
     return static_cast<T>(x);

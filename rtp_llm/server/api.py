@@ -1,0 +1,105 @@
+"""The FastAPI application: thin routes over the serving_* modules, the plain routes (health, models, metrics,
+tokenize), error handlers and middleware."""
+
+from __future__ import annotations
+
+import time
+from contextlib import asynccontextmanager
+from typing import Callable, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse
+
+from rtp_llm.engine.client import EngineClient
+from rtp_llm.server import serving_native
+from rtp_llm.server.http_errors import APIError, error, install_error_handlers
+from rtp_llm.server.middleware import AuthMiddleware, BodyLimitMiddleware
+from rtp_llm.server.protocol_native import DetokenizeRequest, TokenizeRequest
+from rtp_llm.server.protocol import ChatCompletionRequest, CompletionRequest
+from rtp_llm.server.serving import ChatOptions, CorsOptions, Server
+from rtp_llm.server.serving_chat import chat_text, create_chat_completion, template_variables
+from rtp_llm.server.serving_completion import create_completion
+
+__all__ = ["ChatOptions", "CorsOptions", "create_app"]
+
+
+def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[str] = None,
+               max_body_bytes: int = 1 << 20, on_shutdown: Optional[Callable[[], None]] = None,
+               chat_options: Optional[ChatOptions] = None, cors: Optional[CorsOptions] = None,
+               stream_stall_timeout: float = 120.0) -> FastAPI:
+    """on_shutdown runs once the server has stopped serving (after the graceful drain)."""
+    srv = Server(engine, served_model_name, chat_options, stream_stall_timeout)
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        yield
+        if on_shutdown is not None:
+            on_shutdown()
+
+    app = FastAPI(title="rtp-llm", version="0.1.0", lifespan=lifespan)
+    app.state.server = srv
+    install_error_handlers(app)
+
+    @app.get("/health")
+    async def health():
+        if engine.dead is not None:
+            return error(503, f"the engine has stopped: {engine.dead}", "server_error")
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": srv.model_name, "object": "model", "created": int(time.time()),
+                                            "owned_by": "rtp-llm", "max_model_len": srv.max_model_len}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return PlainTextResponse(generate_latest(srv.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest):
+        if req.messages is not None:
+            gen = True if req.add_generation_prompt is None else req.add_generation_prompt
+            text = chat_text(srv, req.messages, gen, template_variables(req))
+            # vLLM's default for messages: the template writes the special tokens, none added
+            ids = srv.tokenizer.encode(text, add_special_tokens=bool(req.add_special_tokens))
+        else:
+            special = True if req.add_special_tokens is None else req.add_special_tokens
+            ids = srv.tokenizer.encode(req.prompt, add_special_tokens=special)
+        body = {"tokens": ids, "count": len(ids), "max_model_len": srv.max_model_len}
+        if req.return_token_strs:
+            body["token_strs"] = [srv.tokenizer.id_to_token(i) for i in ids]
+        return body
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest):
+        vocab = srv.tokenizer.vocab_size
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="tokens")
+        text = srv.tokenizer.decode(req.tokens, skip_special_tokens=False)
+        return {"prompt": text, "content": text}  # content: llama.cpp's name for it
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatCompletionRequest, request: Request):
+        return await create_chat_completion(srv, req, request)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        return await create_completion(srv, req, request)
+
+    @app.post("/", openapi_extra=serving_native.OPENAPI_EXTRA)
+    async def native(request: Request):
+        return await serving_native.generate(srv, request)
+
+    serving_native.publish_native_schema(app)
+    if api_key:
+        app.add_middleware(AuthMiddleware, api_key=api_key)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
+    if cors is not None and cors.allowed_origins:  # outermost: a preflight is answered before auth
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=cors.allowed_origins, allow_methods=cors.allowed_methods,
+                           allow_headers=cors.allowed_headers, allow_credentials=cors.allow_credentials)
+    return app
