@@ -94,9 +94,13 @@ class TorchOps:
     quantized_formats: tuple[str, ...] = ()
     quantized_dtypes: tuple[torch.dtype, ...] = ()  # the model dtypes those kernels take as activations
 
-    def runs_quantized(self, fmt: str, dtype: torch.dtype) -> bool:
-        """Whether a model of `dtype` keeps a matrix of GGUF format `fmt` as stored (else it is dequantized)."""
+    def multiplies_quantized(self, fmt: str, dtype: torch.dtype) -> bool:
+        """Whether this op set's kernels can multiply a matrix of GGUF format `fmt` as stored in a `dtype` model."""
         return fmt in self.quantized_formats and dtype in self.quantized_dtypes
+
+    def runs_quantized(self, fmt: str, dtype: torch.dtype) -> bool:
+        """Whether a GGUF matrix is kept as stored under quantization "auto" (else it is dequantized at load)."""
+        return self.multiplies_quantized(fmt, dtype)
 
     def quantized_embedding(self, quantized, tied_head, like: torch.Tensor):
         """ids -> embedding rows of a QuantizedWeight (rtp_llm/models/quantized.py): its dequantized rows. A device

@@ -225,7 +225,7 @@ class DecoderLM(nn.Module):
                 self._keep_quantized(lin, q)
                 return
         dense = torch.cat([t.dequantize().to(self.dtype) if isinstance(t, QuantizedWeight) else t for t in parts])
-        if getattr(self, "_int8", False) and self.ops.runs_quantized("Q8_0", self.dtype):
+        if getattr(self, "_int8", False) and self.ops.multiplies_quantized("Q8_0", self.dtype):
             q = QuantizedWeight.per_channel_int8(dense)
             if q is not None:
                 self._keep_quantized(lin, q)

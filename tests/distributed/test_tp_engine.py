@@ -86,7 +86,8 @@ def test_smollm2_tp2_equals_tp1_through_the_llm_api():
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, logprobs=1)
     outs = {}
     for tp in (1, 2):
-        with LLM(tp_size=tp, kv_cache_memory_gb=0.25, max_model_len=1024) as llm:
+        with LLM(tp_size=tp, kv_cache_memory_gb=0.25, max_model_len=1024,
+                 device_options={"cpu_gguf_blocks": "on"}) as llm:
             # the GGUF's blocks stay as stored, each rank holding whole blocks of its slice (rank 0 here)
             model = llm.core.runner.model
             layer = model.layers[0]

@@ -65,9 +65,9 @@ def tiny(request, tmp_path_factory):
 
 def test_tiny_model_matches_transformers_on_the_same_file(tiny):
     fmt, path = tiny
-    model, cfg = load_model(path, ops=CpuOps(), quantization="auto")
+    model, cfg = load_model(path, ops=CpuOps(gguf_blocks="on"), quantization="auto")
     assert_runs_as_stored(model, fmt, fmt)
-    dense, _ = load_model(path, ops=CpuOps(), quantization="none")
+    dense, _ = load_model(path, ops=CpuOps(gguf_blocks="on"), quantization="none")
     assert all(lin.quantized is None for layer in dense.layers for lin in layer.linears())
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     ours = StaticRunner(model, cfg, num_blocks=32, block_size=16).generate(PROMPTS, params, keep_logits=True)
@@ -86,11 +86,11 @@ def test_a_qkv_mixing_q5_0_and_q8_0_stays_quantized_as_q8_0(tmp_path):
     keeps all three as Q8_0 blocks with the same values (QuantizedWeight.as_q8_0), not a float copy; greedy tokens
     and logits as transformers on the same file, and the dequantized model's bits."""
     path = write_tiny_gguf(str(tmp_path / "tiny_mix.gguf"), "Q5_0", seed=5, overrides={"attn_v": "Q8_0"})
-    model, cfg = load_model(path, ops=CpuOps(), quantization="auto")
+    model, cfg = load_model(path, ops=CpuOps(gguf_blocks="on"), quantization="auto")
     for layer in model.layers:
         assert layer.qkv.quantized is not None and layer.qkv.quantized.format == "Q8_0"
         assert layer.qkv.weight.numel() == 0 and layer.o.quantized.format == "Q5_0"
-    dense, _ = load_model(path, ops=CpuOps(), quantization="none")
+    dense, _ = load_model(path, ops=CpuOps(gguf_blocks="on"), quantization="none")
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     ours = StaticRunner(model, cfg, num_blocks=32, block_size=16).generate(PROMPTS, params, keep_logits=True)
     plain = StaticRunner(dense, cfg, num_blocks=32, block_size=16).generate(PROMPTS, params, keep_logits=True)
@@ -108,7 +108,7 @@ def test_engine_with_chunked_prefill_and_prefix_cache(tiny):
     tokens, _ = hf_reference(path, prompt, 8)
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     with LLM(path, max_num_batched_tokens=16, block_size=16, num_blocks=64, max_model_len=512,
-             enable_prefix_caching=True) as llm:
+             enable_prefix_caching=True, device_options={"cpu_gguf_blocks": "on"}) as llm:
         model = llm.core.runner.model
         assert model.layers[0].qkv.quantized.format == fmt
         # greedy steps screen the packed head (quant_greedy_head) where the CPU has avx512_bf16
@@ -158,7 +158,7 @@ def test_bf16_keeps_the_blocks_and_follows_the_bf16_rule(tiny_no_vocab):
     from transformers import AutoModelForCausalLM
 
     fmt, path = tiny_no_vocab
-    model, _ = load_model(path, ops=CpuOps(), dtype="bfloat16", quantization="auto")
+    model, _ = load_model(path, ops=CpuOps(gguf_blocks="on"), dtype="bfloat16", quantization="auto")
     assert_runs_as_stored(model, fmt, fmt)
     ids = torch.tensor([3, 500, 40000])
     dense_rows = model.embed_quantized.dequantize().index_select(0, ids).bfloat16()
@@ -168,7 +168,8 @@ def test_bf16_keeps_the_blocks_and_follows_the_bf16_rule(tiny_no_vocab):
     outs = {}
     for q in ("auto", "none"):
         with LLM(path, tokenizer=default_model_path(), dtype="bfloat16", quantization=q, max_num_batched_tokens=16,
-                 block_size=16, num_blocks=64, max_model_len=512, enable_prefix_caching=True) as llm:
+                 block_size=16, num_blocks=64, max_model_len=512, enable_prefix_caching=True,
+                 device_options={"cpu_gguf_blocks": "on"}) as llm:
             assert (llm.core.runner.model.layers[0].qkv.quantized is not None) == (q == "auto")
             first = llm.generate([prompt], params, use_tqdm=False)[0]
             again = llm.generate([prompt], params, use_tqdm=False)[0]
@@ -188,7 +189,7 @@ def smollm2():
 
 
 def test_smollm2_runs_q4_1_and_q8_0_as_stored_and_matches_transformers(smollm2):
-    model, cfg = load_model(smollm2, ops=CpuOps())
+    model, cfg = load_model(smollm2, ops=CpuOps(gguf_blocks="on"))
     assert_runs_as_stored(model, "Q4_1", "Q8_0")
     assert model.head.quantized is model.embed_quantized  # the tied head reads the embedding's blocks
     prompt = [1, 504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767, 30]
@@ -210,11 +211,11 @@ from rtp_llm.models.registry import load_model
 from tests.models.tiny_gguf import write_tiny_gguf
 # a tiny GGUF loaded first, so that the modules a load imports (and their memory) are not counted as weights
 tiny, _ = load_model(write_tiny_gguf(os.path.join(tempfile.mkdtemp(), "t.gguf"), "Q4_1", with_vocab=False),
-                     ops=CpuOps(), quantization=sys.argv[2])
+                     ops=CpuOps(gguf_blocks="on"), quantization=sys.argv[2])
 del tiny
 gc.collect()
 before = rss()
-model, cfg = load_model(sys.argv[1], ops=CpuOps(), quantization=sys.argv[2])
+model, cfg = load_model(sys.argv[1], ops=CpuOps(gguf_blocks="on"), quantization=sys.argv[2])
 gc.collect()
 print(json.dumps({"delta": rss() - before}))
 """
@@ -246,7 +247,7 @@ def test_the_quantization_setting_takes_auto_none_or_int8_only(tiny):
     with pytest.raises(ValueError, match="quantization"):
         EngineConfig(quantization="fp8")
     with pytest.raises(ValueError, match="quantization must be one of auto, none, int8"):
-        load_model(tiny[1], ops=CpuOps(), quantization="int4")
+        load_model(tiny[1], ops=CpuOps(gguf_blocks="on"), quantization="int4")
 
 
 def test_an_engine_load_parses_its_gguf_once_and_keeps_nothing(tmp_path, monkeypatch):
@@ -274,3 +275,21 @@ def test_an_engine_load_parses_its_gguf_once_and_keeps_nothing(tmp_path, monkeyp
     gguf_reader.open_gguf(path)  # outside an engine load: a fresh reader every time
     gguf_reader.open_gguf(path)
     assert len(opened) == 3
+
+
+def test_gguf_blocks_are_kept_where_their_kernels_are_fast_unless_told(tiny):
+    """quantization auto keeps the blocks on AVX-512 CPUs and dequantizes them at load elsewhere (the AVX2 block
+    kernel is a scalar decode); cpu_gguf_blocks on / off decides it either way, for the same greedy tokens."""
+    fmt, path = tiny
+    fast = CpuOps(gguf_blocks="on").kernels.cpu_isa() == "avx512"
+    tokens = {}
+    for blocks in ("auto", "on", "off"):
+        model, cfg = load_model(path, ops=CpuOps(gguf_blocks=blocks), quantization="auto")
+        kept = {lin.quantized is not None for layer in model.layers for lin in layer.linears()}
+        assert kept == {blocks == "on" or (blocks == "auto" and fast)}, blocks
+        out = StaticRunner(model, cfg, num_blocks=32, block_size=16).generate(
+            PROMPTS[:1], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0]
+        tokens[blocks] = out.token_ids
+    assert tokens["auto"] == tokens["on"] == tokens["off"]
+    with pytest.raises(ValueError, match="cpu_gguf_blocks must be one of"):
+        CpuOps(gguf_blocks="maybe")

@@ -10,7 +10,7 @@ from rtp_llm.device.attention import TorchRefAttention
 from rtp_llm.device.base import Device
 from rtp_llm.device.cpu.attention import CpuAttention
 from rtp_llm.device.cpu.linear import GEMV_WEIGHTS
-from rtp_llm.device.cpu.ops import CpuOps
+from rtp_llm.device.cpu.ops import GGUF_BLOCKS, CpuOps
 
 GiB = 1 << 30
 
@@ -32,6 +32,9 @@ class CpuDevice(Device):
         self.gemv_weights = self.options.get("cpu_gemv_weights", "auto")
         if self.gemv_weights not in GEMV_WEIGHTS:
             raise ValueError(f"cpu_gemv_weights must be one of {', '.join(GEMV_WEIGHTS)}, got {self.gemv_weights!r}")
+        self.gguf_blocks = self.options.get("cpu_gguf_blocks", "auto")
+        if self.gguf_blocks not in GGUF_BLOCKS:
+            raise ValueError(f"cpu_gguf_blocks must be one of {', '.join(GGUF_BLOCKS)}, got {self.gguf_blocks!r}")
         _check_omp_wait_policy()
 
     @classmethod
@@ -70,7 +73,7 @@ class CpuDevice(Device):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
 
     def ops(self) -> CpuOps:
-        return CpuOps(gemv_weights=self.gemv_weights)
+        return CpuOps(gemv_weights=self.gemv_weights, gguf_blocks=self.gguf_blocks)
 
 
 def _mem_available():

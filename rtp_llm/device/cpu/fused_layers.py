@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from rtp_llm.device.cpu.attention import CpuMeta
+
 FUSED_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -59,7 +61,7 @@ class FusedDecoderLayers:
     def runs(self, meta) -> bool:
         """Whether this step's layers run here: its rows all go through one attention kernel the op calls (every
         row paged, or every row a prefill on the prefill kernel with row-independent linear kernels)."""
-        if not (self.enabled and self.usable):
+        if not (self.enabled and self.usable and isinstance(meta, CpuMeta)):  # another attention backend's step
             return False
         return meta.all_paged or (meta.prefill_kernel and meta.prefill_rows is None and self.rows_independent)
 

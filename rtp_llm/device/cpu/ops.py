@@ -26,6 +26,9 @@ def available_memory() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+GGUF_BLOCKS = ("auto", "on", "off")
+
+
 class CpuOps(TorchOps):
     name = "cpu"
     # The fused norm / RoPE / activation kernels: float32 math, bf16 rounded where the reference rounds.
@@ -40,14 +43,23 @@ class CpuOps(TorchOps):
     # quant_linear's few-row path computes every logit faster (benchmarks.cpu_greedy_head --quant).
     QUANT_SCREEN_MIN_ROWS = 5
 
-    def __init__(self, gemv_weights: str = "auto", available_memory=available_memory):
+    def __init__(self, gemv_weights: str = "auto", available_memory=available_memory, gguf_blocks: str = "auto"):
+        """gguf_blocks: keep GGUF matrices as stored under quantization "auto": on, off, or auto = where the block
+        kernels run at the dense kernels' speed (AVX-512; the AVX2 kernel decodes its panels in scalar code, so
+        there the float32 copy is several times faster, for the same bits)."""
         from rtp_llm._native import ops
 
         self.kernels = ops()
+        if gguf_blocks not in GGUF_BLOCKS:
+            raise ValueError(f"cpu_gguf_blocks must be one of {', '.join(GGUF_BLOCKS)}, got {gguf_blocks!r}")
+        self.keep_blocks = self.kernels.cpu_isa() == "avx512" if gguf_blocks == "auto" else gguf_blocks == "on"
         self.planner = LinearPlanner(self.kernels, gemv_weights, available_memory)
         self.panel_dtypes = self.planner.panel_dtypes
         # Greedy steps screen the vocabulary with a bf16 copy of the LM head (greedy_tokens); read at prepare.
         self.greedy_screen = True
+
+    def runs_quantized(self, fmt: str, dtype: torch.dtype) -> bool:
+        return self.keep_blocks and self.multiplies_quantized(fmt, dtype)
 
     @property
     def keeps_plain_weights(self) -> bool:
