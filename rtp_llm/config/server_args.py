@@ -116,7 +116,7 @@ FLAGS = [
     Flag("cpu_gguf_blocks", "CPU_GGUF_BLOCKS", str, "auto",
          "CPU, quantization auto: keep a GGUF's block formats in memory (on), or dequantize them at load (off); auto "
          "= keep them where the block kernels are as fast as the float32 ones (AVX-512), else dequantize (the same "
-         "bits, several times faster on AVX2 CPUs, the float32 weights' memory)",
+         "values, several times faster on AVX2 CPUs, the float32 weights' memory)",
          choices=("auto", "on", "off"), engine="device_options.cpu_gguf_blocks"),
     Flag("host", "HOST", str, "127.0.0.1", "address to listen on"),
     Flag("port", "START_PORT", int, 8000, "port to listen on"),

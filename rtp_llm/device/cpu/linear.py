@@ -40,6 +40,13 @@ def onednn_available() -> bool:
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
+def onednn_bf16() -> bool:
+    """oneDNN packs bf16 weights only on CPUs with avx512bw/vl/dq or avx_ne_convert; elsewhere a bf16 linear layer
+    keeps its plain weight (torch's matmul)."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(check()) if check is not None else False
+
+
 class CpuLinear:
     """One linear layer's kernel: `packed` (panels, gated panels or oneDNN's blocked layout; None: none) and
     `plain` (the [N, K] weight, kept for the GEMV kernel up to `gemv_rows` rows or when nothing is packed)."""
@@ -135,7 +142,8 @@ class LinearPlanner:
         return w.dtype in self.panel_dtypes and w.dim() == 2 and (w.dtype == torch.float32 or w.shape[1] % 2 == 0)
 
     def _packs_onednn(self, w: torch.Tensor) -> bool:
-        return onednn_available() and w.dtype in ONEDNN_DTYPES and w.dim() == 2 and w.numel() > 0
+        return (onednn_available() and w.dtype in ONEDNN_DTYPES and w.dim() == 2 and w.numel() > 0
+                and (w.dtype != torch.bfloat16 or onednn_bf16()))
 
     def _keep_plain(self, plain_bytes: int) -> bool:
         if self.gemv_weights != "auto":

@@ -46,7 +46,7 @@ class CpuOps(TorchOps):
     def __init__(self, gemv_weights: str = "auto", available_memory=available_memory, gguf_blocks: str = "auto"):
         """gguf_blocks: keep GGUF matrices as stored under quantization "auto": on, off, or auto = where the block
         kernels run at the dense kernels' speed (AVX-512; the AVX2 kernel decodes its panels in scalar code, so
-        there the float32 copy is several times faster, for the same bits)."""
+        there the float32 copy of the same values is several times faster)."""
         from rtp_llm._native import ops
 
         self.kernels = ops()
