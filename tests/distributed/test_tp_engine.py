@@ -116,7 +116,8 @@ def test_k_quant_gguf_shards_on_whole_blocks(tmp_path):
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
     outs = {}
     for tp in (1, 2):
-        with LLM(path, tp_size=tp, kv_cache_memory_gb=0.05, max_model_len=256) as llm:
+        with LLM(path, tp_size=tp, kv_cache_memory_gb=0.05, max_model_len=256,
+                 device_options={"cpu_gguf_blocks": "on"}) as llm:
             layer = llm.core.runner.model.layers[0]
             assert layer.mlp.down.quantized.format == "Q4_K" and layer.mlp.down.quantized.shape == (256, 512 // tp)
             assert layer.mlp.gate_up.quantized.shape == (2 * 512 // tp, 256)
