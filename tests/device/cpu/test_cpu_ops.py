@@ -352,7 +352,8 @@ def test_prepared_model_logits_equal_the_plain_model(tmp_path, variant, dtype):
     plain, cfg = load_model(str(tmp_path), ops=TorchOps(), dtype=dtype)
     packed, _ = load_model(str(tmp_path), ops=CpuOps(), dtype=dtype)
     # auto, for a tiny model: the GEMV kernel serves few-row steps, except where panels serve every row count
-    assert packed.ops.keeps_plain_weights == (getattr(torch, dtype) not in packed.ops.panel_dtypes)
+    assert packed.ops.keeps_plain_weights == (getattr(torch, dtype) not in packed.ops.panel_dtypes
+                                              and (dtype != "bfloat16" or onednn_bf16()))  # else plain weights only
     tokens = [list(range(3, 40)), list(range(50, 55))]
     slots = [list(range(0, 37)), list(range(48, 53))]
     table = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [6, 7, 8, 9, 0, 0, 0, 0, 0, 0]], dtype=torch.int32)
@@ -382,7 +383,8 @@ def test_packed_bf16_linear_accumulates_in_fp32(rows):
     ops.prepare_linears([down], _tied_head(1000, 1536))
     x = torch.randn(rows, 1536).bfloat16()
     out = down(x)
-    assert out.dtype == torch.bfloat16 and down.weight.numel() == 0
+    # the plain weight stays where oneDNN cannot pack bf16 (no avx512bw / avx_ne_convert): torch's matmul then
+    assert out.dtype == torch.bfloat16 and down.weight.numel() == (0 if onednn_bf16() else w.numel())
     ref = x.double() @ w.double().t()
     rel = ((out.double() - ref).abs() / ref.abs().clamp_min(1.0)).max().item()
     assert rel < 2 ** -7  # one bf16 rounding of the result (8 significant bits)
