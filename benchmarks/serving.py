@@ -78,15 +78,20 @@ def _start_server(kind: str):
     else:
         raise SystemExit(f"unknown server {kind!r}: rtp_llm or vllm")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
+    return proc, wait_healthy(proc, f"http://127.0.0.1:{port}", kind)
+
+
+def wait_healthy(proc, url: str, kind: str) -> str:
+    """Waits until the server at url answers /health with 200; SystemExit if it exits or never does."""
     for _ in range(1200):
         if proc.poll() is not None:
-            raise SystemExit(f"the {kind} server exited with {proc.returncode}")
+            raise SystemExit(f"the {kind} server exited with {proc.returncode}: {' '.join(map(str, proc.args))}")
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
+                return url
         except httpx.HTTPError:
-            time.sleep(0.5)
+            pass
+        time.sleep(0.5)
     proc.kill()
     raise SystemExit(f"the {kind} server did not start")
 

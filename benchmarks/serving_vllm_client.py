@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-import httpx
+from benchmarks.serving import wait_healthy
 
 NAME = "SmolLM2-135M-Instruct"
 OFFLINE = r"""
@@ -65,18 +65,7 @@ def _start(kind: str, model: str, dtype: str, baseline: str | None = None):
                "--dtype", dtype, "--max-model-len", "1024", "--served-model-name", NAME,
                "--disable-log-requests"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env, cwd=cwd)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(1200):
-        if proc.poll() is not None:
-            raise SystemExit(f"the {kind} server exited with {proc.returncode}: {' '.join(cmd)}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"the {kind} server did not start")
+    return proc, wait_healthy(proc, f"http://127.0.0.1:{port}", kind)
 
 
 def _bench(url: str, tokenizer: str, concurrency: int, prompts: int, seed: int, temperature: float = 0.0) -> dict:
