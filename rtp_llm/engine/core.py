@@ -137,10 +137,16 @@ class EngineCore:
 
     def add_request(self, request: EngineRequest) -> None:
         """Admits a request made by InputProcessor.process (which checked it against self.limits) to the waiting
-        queue. Raises RequestRejected when its id is taken, QueueFullError when the queue is full."""
+        queue. Raises RequestRejected when its id is taken or a logprobs count is unresolved, QueueFullError when
+        the queue is full."""
         rid, ids, params = request.request_id, request.prompt_token_ids, request.params
         if rid in self.requests:
             raise RequestRejected(f"request id {rid!r} is already in use")
+        for name in ("logprobs", "prompt_logprobs"):  # counts the input processor resolved (-1: all), or none
+            asked = getattr(params, name)
+            if asked is not None and not 0 <= asked <= self.vocab_size:
+                raise RequestRejected(f"{name}: {asked} is not a count of tokens in [0, {self.vocab_size}] (pass the "
+                                      f"request through InputProcessor.process, which resolves -1)", param=name)
         if len(self.scheduler.waiting) >= self.config.max_queue_len:
             raise QueueFullError(f"the waiting queue is full ({self.config.max_queue_len} requests)")
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_ids)

@@ -180,7 +180,8 @@ def test_bf16_keeps_the_blocks_and_follows_the_bf16_rule(tiny_no_vocab):
     tokens = outs["auto"].token_ids
     strict = assert_transformers_agree(hf, prompt, tokens)
     assert strict >= len(tokens) // 2, strict  # most steps had a clear winner, which the rule then required
-    assert assert_engines_agree(outs["auto"], outs["none"], margin_of(reference_logits(hf, prompt, tokens))) >= 1
+    # the dequantized bf16 engine holds each weight rounded once more: its tokens may part at a near tie, even the first
+    assert_engines_agree(outs["auto"], outs["none"], margin_of(reference_logits(hf, prompt, tokens)))
 
 
 @pytest.fixture(scope="module")

@@ -141,6 +141,12 @@ void panel_linear_silu_fp32(const float* panels, const float* x, const float* bi
                             int64_t k, int64_t inter);  // bias in the panels' order
 void panel_linear_silu_bf16(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
                             int64_t m, int64_t pairs, int64_t inter);
+// The same GEMMs with 8-lane FMAs (panel_linear_avx2.cc), where the CPU lacks AVX-512 (fp32) or avx512_bf16
+// (bf16): the same sums per output, so fp32 gives the AVX-512 kernel's bits.
+void panel_linear_fp32_avx2(const float* panels, const float* x, const float* bias, float* out, int64_t m, int64_t k,
+                            int64_t n);
+void panel_linear_bf16_avx2(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
+                            int64_t m, int64_t pairs, int64_t n);
 
 // --- the greedy LM head (greedy_head.cc, AVX-512 + avx512_bf16) ---------------------------------------------
 // A float32 head [N, K] -> its per-row error bounds [3, N] (|w - bf16(w)|, |bf16(w)|, |w|, rounded up).

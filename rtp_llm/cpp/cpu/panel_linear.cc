@@ -1,4 +1,5 @@
-// The fp32 linear layer on CPUs with AVX-512 (checked at run time): y = x @ W^T (+ b) on a copy of W packed
+// The fp32 linear layer on CPUs with AVX-512 (checked at run time; panel_linear_avx2.cc elsewhere, the same sums):
+// y = x @ W^T (+ b) on a copy of W packed
 // once, at load, into panels of 48 output columns, panel p = W[48p : 48p + 48, :]^T stored k-major
 // ([ceil(N / 48), K, 48], the last panel zero-padded), so a panel is one contiguous stream.
 //
@@ -261,10 +262,7 @@ at::Tensor pack_pair_panels(const at::Tensor& w) {
 }
 
 at::Tensor pack_panels(const at::Tensor& w) {
-    if (w.scalar_type() == at::kBFloat16) {
-        TORCH_CHECK(cpu_avx512_bf16(), "pack_panels: bfloat16 panels need a CPU with avx512_bf16");
-        return pack_pair_panels(w);
-    }
+    if (w.scalar_type() == at::kBFloat16) return pack_pair_panels(w);
     TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kFloat && w.dim() == 2 && w.numel() > 0,
                 "pack_panels: w must be a non-empty float32 or bfloat16 [N, K] CPU tensor");
     const int64_t n = w.size(0), k = w.size(1), np = (n + kPanelCols - 1) / kPanelCols;
@@ -288,12 +286,11 @@ struct PanelInput {
 };
 
 PanelInput panel_input(const at::Tensor& x, const at::Tensor& panels, const char* op) {
-    TORCH_CHECK(cpu_avx512(), op, ": needs a CPU with AVX-512 (see cpu_isa)");
+    TORCH_CHECK(cpu_isa() != "scalar", op, ": needs a CPU with AVX2 (see cpu_isa)");
     const bool bf16 = panels.scalar_type() == at::kInt;
     TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == (bf16 ? at::kBFloat16 : at::kFloat), op,
                 ": x must be a [M, K] CPU tensor in the weight's dtype (float32 panels: float32, bfloat16 pair "
                 "panels: bfloat16)");
-    TORCH_CHECK(!bf16 || cpu_avx512_bf16(), op, ": bfloat16 panels need a CPU with avx512_bf16");
     const int64_t k = x.size(1);
     at::Tensor xc = x.contiguous();
     if (bf16 && k % 2) xc = at::constant_pad_nd(xc, {0, 1});
@@ -342,12 +339,18 @@ void panel_linear_out(const at::Tensor& x, const at::Tensor& panels, const std::
                 "panel_linear: out must be a contiguous [", x.size(0), ", ", n, "] tensor in x's dtype");
     if (x.size(0) == 0) return;
     if (bf16) {  // x's rows as 32-bit pairs
-        panel_linear_bf16(reinterpret_cast<const uint32_t*>(panels.data_ptr<int32_t>()),
-                          reinterpret_cast<const uint32_t*>(xc.data_ptr<at::BFloat16>()), bp,
-                          out.data_ptr<at::BFloat16>(), x.size(0), steps, n);
-    } else {
+        const auto* pp = reinterpret_cast<const uint32_t*>(panels.data_ptr<int32_t>());
+        const auto* xp = reinterpret_cast<const uint32_t*>(xc.data_ptr<at::BFloat16>());
+        if (cpu_avx512_bf16())
+            panel_linear_bf16(pp, xp, bp, out.data_ptr<at::BFloat16>(), x.size(0), steps, n);
+        else
+            panel_linear_bf16_avx2(pp, xp, bp, out.data_ptr<at::BFloat16>(), x.size(0), steps, n);
+    } else if (cpu_avx512()) {
         panel_linear_avx512(panels.data_ptr<float>(), xc.data_ptr<float>(), bp, out.data_ptr<float>(), x.size(0), k,
                             n);
+    } else {
+        panel_linear_fp32_avx2(panels.data_ptr<float>(), xc.data_ptr<float>(), bp, out.data_ptr<float>(), x.size(0),
+                               k, n);
     }
 }
 
@@ -377,6 +380,8 @@ at::Tensor gated_bias(const std::optional<at::Tensor>& bias, int64_t inter, cons
 at::Tensor panel_linear_silu(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias,
                              int64_t inter) {
     const auto [bf16, k, steps, xc] = panel_input(x, panels, "panel_linear_silu");
+    TORCH_CHECK(bf16 ? cpu_avx512_bf16() : cpu_avx512(), "panel_linear_silu: gated panels need a CPU with AVX-512",
+                bf16 ? " and avx512_bf16" : "", " (elsewhere gate_up keeps plain panels)");
     constexpr int64_t half = kPanelCols / 2;
     const int64_t np = (inter + half - 1) / half;
     TORCH_CHECK(inter > 0 && (panels.scalar_type() == at::kFloat || bf16) && panels.dim() == 3 &&

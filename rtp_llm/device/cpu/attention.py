@@ -3,32 +3,38 @@ prefill's suffix after a cached prefix, a short prompt) go through the C++ paged
 (rtp_llm/cpp/cpu/paged_attention.cc) one query at a time, each with its own causal KV length, reading K/V in
 place through the block table. Longer prefills (fresh prompts, suffixes after a cached prefix, prefill chunks;
 any lengths in one call) go through the C++ prefill kernel (rtp_llm/cpp/cpu/prefill_attention.cc) on CPUs with
-AVX-512, head_dim a multiple of 16 and the cache in q's dtype, also through the block table; elsewhere through
-the reference backend's scaled-dot-product attention. A mixed batch runs both kinds on their rows."""
+AVX-512, head_dim a multiple of 16 and float32 / bfloat16, also through the block table, with the paged kernel's
+bits; elsewhere through the paged kernel too. Either way a row's result depends only on its own sequence, never on
+its chunk, its batch or whether its prefix was cached. A mixed batch runs both kernels on their rows."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from rtp_llm._native import ops
-from rtp_llm.device.attention import RefMeta, TorchRefAttention
+from rtp_llm.device.attention import TorchRefAttention
 from rtp_llm.device.forward_batch import ForwardBatch
 
 
 @dataclass
 class PrefillSeqs:
-    """The longer prefills' sequences for the prefill kernel, and how to build the reference path's meta."""
+    """The longer prefills' sequences for the prefill kernel."""
     table: torch.Tensor                        # [S, W] int32 block tables
     starts: torch.Tensor                       # [S + 1] int64: each sequence's first row among the prefill rows
     kv_lens: torch.Tensor                      # [S] int64
-    sub_batch: ForwardBatch                    # the same sequences as a batch, for TorchRefAttention.prepare
-    ref: Optional[RefMeta] = None              # built on first use (the fallback paths)
+    rows: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # per row: (table, causal length), built on first use
+
+    def paged(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's block table and causal KV length, for the paged kernel (a dtype the prefill kernel lacks)."""
+        if self.rows is None:
+            n = (self.starts[1:] - self.starts[:-1]).numpy()
+            seq, lens = CpuAttention._paged_rows(n, self.kv_lens.tolist(), np.arange(len(n)))
+            self.rows = self.table[torch.from_numpy(seq)].contiguous(), torch.from_numpy(lens)
+        return self.rows
 
 
 @dataclass
@@ -39,10 +45,7 @@ class CpuMeta:
     paged_table: Optional[torch.Tensor] = None  # [rows, W] int32: each such row's block table
     paged_lens: Optional[torch.Tensor] = None  # [rows] int64: the keys each such row sees (causal)
     prefill_rows: Optional[torch.Tensor] = None  # flat token rows of longer prefills (None: all or none)
-    prefill: Optional[PrefillSeqs] = None
-    uniform_fresh: int = 0  # > 0: that many fresh prompts of equal length, nothing cached (causal SDPA as is)
-    # the C++ prefill kernel serves this CPU and head_dim (for a cache in q's dtype, float32 or bfloat16)
-    prefill_kernel: bool = False
+    prefill: Optional[PrefillSeqs] = None  # present only where the prefill kernel fits the CPU and head_dim
 
 
 class CpuAttention(TorchRefAttention):
@@ -67,18 +70,15 @@ class CpuAttention(TorchRefAttention):
             return CpuMeta(slots, all_paged=True, paged_table=batch.block_table,
                            paged_lens=torch.tensor(batch.kv_lens, dtype=torch.int64))
         q = np.asarray(q_lens, dtype=np.int64)
-        paged = q <= self.PAGED_MAX_Q
+        # Without the prefill kernel every row takes the paged kernel too: it gives a row the bits it gets as a
+        # decode (SDPA's would depend on the chunk and the batch).
+        paged = q <= self.PAGED_MAX_Q if self._prefill_kernel_fits() else np.ones(len(q), dtype=bool)
         if paged.all():
             seq, lens = self._paged_rows(q, batch.kv_lens, np.arange(len(q)))
             return CpuMeta(slots, all_paged=True, paged_table=batch.block_table[torch.from_numpy(seq)],
                            paged_lens=torch.from_numpy(lens))
         if not paged.any():
-            prefill = self._prefill_seqs(batch, np.arange(len(q)))
-            # Fresh prompts of one length (offline batches, benchmarks): where the prefill kernel does not
-            # apply, SDPA runs causal on the step's own k and v, without the general path's gather and mask.
-            fresh = len(set(q_lens)) == 1 and list(batch.kv_lens) == list(q_lens)
-            return CpuMeta(slots, all_paged=False, prefill=prefill, uniform_fresh=len(q_lens) if fresh else 0,
-                           prefill_kernel=self._prefill_kernel_fits())
+            return CpuMeta(slots, all_paged=False, prefill=self._prefill_seqs(batch, np.arange(len(q))))
         starts = np.cumsum(q) - q
         short, long_ = np.flatnonzero(paged), np.flatnonzero(~paged)
         seq, lens = self._paged_rows(q, batch.kv_lens, short)
@@ -93,11 +93,9 @@ class CpuAttention(TorchRefAttention):
     def _prefill_seqs(batch: ForwardBatch, seqs: np.ndarray) -> PrefillSeqs:
         q = np.asarray(batch.q_lens, dtype=np.int64)[seqs]
         kv_lens = [batch.kv_lens[i] for i in seqs]
-        idx = torch.from_numpy(seqs)
-        table = batch.block_table[idx].contiguous()
-        sub = dataclasses.replace(batch, q_lens=q.tolist(), kv_lens=kv_lens, block_table=table)
+        table = batch.block_table[torch.from_numpy(seqs)].contiguous()
         return PrefillSeqs(table, torch.from_numpy(np.concatenate([[0], np.cumsum(q)])),
-                           torch.tensor(kv_lens, dtype=torch.int64), sub)
+                           torch.tensor(kv_lens, dtype=torch.int64))
 
     @staticmethod
     def _paged_rows(q: np.ndarray, kv_lens, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -121,12 +119,6 @@ class CpuAttention(TorchRefAttention):
             return self.kernels.paged_attention(q.contiguous(), layer_kv[0], layer_kv[1], meta.paged_table,
                                                        meta.paged_lens, self.scale)
         if meta.prefill_rows is None:
-            if meta.uniform_fresh and not self._prefill_kernel(q, layer_kv) and layer_kv.dtype == q.dtype:
-                b = meta.uniform_fresh
-                qb, kb, vb = (x.reshape(b, -1, x.shape[1], x.shape[2]).transpose(1, 2) for x in (q, k, v))
-                out = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=self.scale,
-                                                     enable_gqa=self.num_heads != self.num_kv_heads)
-                return out.transpose(1, 2).reshape(q.shape)
             return self._prefill(q, layer_kv, meta.prefill)
         # index_select / index_copy_, not q[rows] / out[rows] = ...: torch's advanced indexing wakes the OpenMP team
         # from a few thousand elements on, four calls per layer of a mixed step.
@@ -149,6 +141,5 @@ class CpuAttention(TorchRefAttention):
         if self._prefill_kernel(q, layer_kv):
             return self.kernels.prefill_attention(q, layer_kv[0], layer_kv[1], p.table, p.starts, p.kv_lens,
                                                   self.scale)
-        if p.ref is None:
-            p.ref = TorchRefAttention.prepare(self, p.sub_batch)
-        return self.attend(q, layer_kv, p.ref)
+        table, lens = p.paged()
+        return self.kernels.paged_attention(q.contiguous(), layer_kv[0], layer_kv[1], table, lens, self.scale)

@@ -63,7 +63,7 @@ class FusedDecoderLayers:
         row paged, or every row a prefill on the prefill kernel with row-independent linear kernels)."""
         if not (self.enabled and self.usable and isinstance(meta, CpuMeta)):  # another attention backend's step
             return False
-        return meta.all_paged or (meta.prefill_kernel and meta.prefill_rows is None and self.rows_independent)
+        return meta.all_paged or (meta.prefill_rows is None and self.rows_independent)
 
     def __call__(self, x, cos, sin, kv, meta, scale: float):
         """(x, residual) after the last layer; only for a step that runs() accepts."""

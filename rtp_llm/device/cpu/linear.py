@@ -1,12 +1,13 @@
 """Linear layers on the CPU: which copy of each weight the kernels read, chosen once at load and stored on the
 layer (rtp_llm/layers/linear.py) as a CpuLinear, as vLLM's dispatch_cpu_unquantized_gemm does.
 
-- float32 on a CPU with AVX-512, bfloat16 with avx512_bf16 too: 48-column panels (rtp_llm/cpp/cpu/
-  panel_linear.cc; bf16 as k-pairs for the CPU's bf16 dot products, fp32 sums) serve every row count, so the
-  panels are the only copy. A gate_up projection whose output only feeds silu_and_mul is packed as gated panels
+- float32 and bfloat16 on any CPU with AVX2: 48-column panels (rtp_llm/cpp/cpu/panel_linear.cc with AVX-512,
+  panel_linear_avx2.cc without; bf16 as k-pairs for the CPU's bf16 dot products, fp32 sums) serve every row count,
+  so the panels are the only copy, and a row's result never depends on the rows beside it (batch invariance). On
+  AVX-512 (bf16: avx512_bf16) a gate_up projection whose output only feeds silu_and_mul is packed as gated panels
   (24 gate and the same 24 up rows each) so the SiLU runs in the GEMM's epilogue; a float32 run's GGUF gate_up
   keeps its blocks in that row order for the same epilogue (quant_linear_silu).
-- otherwise (no AVX-512, bf16 without avx512_bf16): oneDNN's blocked layout (the kernel family vLLM's CPU backend
+- otherwise (CPUs without AVX2, odd bf16 widths): oneDNN's blocked layout (the kernel family vLLM's CPU backend
   uses), and beside it, when `gemv_weights` allows, the plain weight for the GEMV kernel of steps of a few rows
   (rtp_llm/cpp/cpu/gemv.cc), which streams weights faster than oneDNN there.
 - the LM head the same way; a tied head keeps its plain rows (the embedding lookup reads them), and a float32
@@ -132,7 +133,10 @@ class LinearPlanner:
         self.available_memory = available_memory
         isa = kernels.cpu_isa()
         self.gemv_rows = GEMV_MAX_ROWS.get(isa, {})
-        self.panel_dtypes = ((torch.float32,) if isa == "avx512" else ()) + (
+        # Panels wherever there is AVX2 (panel_linear_avx2.cc without AVX-512 / avx512_bf16): a row's bits never
+        # depend on the rows beside it. The SiLU epilogue of gated panels exists on the AVX-512 kernels only.
+        self.panel_dtypes = (torch.float32, torch.bfloat16) if isa in ("avx512", "avx2") else ()
+        self.gated_dtypes = ((torch.float32,) if isa == "avx512" else ()) + (
             (torch.bfloat16,) if kernels.cpu_avx512_bf16() else ())
         self.keeps_plain_weights = False  # decided in assign()
 
@@ -201,7 +205,7 @@ class LinearPlanner:
     def _kernel(self, w: torch.Tensor, gated: bool, keep_plain: bool) -> CpuLinear:
         n, rows = w.shape[0], self.gemv_rows.get(w.dtype, 0)
         if self.on_panels(w) and w.numel() > 0:
-            if gated and n % 2 == 0:
+            if gated and n % 2 == 0 and w.dtype in self.gated_dtypes:
                 return CpuLinear(self.kernels, n, None, self.kernels.pack_gated_panels(w.data), gated=True)
             return CpuLinear(self.kernels, n, None, self.kernels.pack_panels(w.data))
         if self._packs_onednn(w):

@@ -55,6 +55,7 @@ class CpuOps(TorchOps):
         self.keep_blocks = self.kernels.cpu_isa() == "avx512" if gguf_blocks == "auto" else gguf_blocks == "on"
         self.planner = LinearPlanner(self.kernels, gemv_weights, available_memory)
         self.panel_dtypes = self.planner.panel_dtypes
+        self.gated_dtypes = self.planner.gated_dtypes  # gate_up packed as gated panels (the SiLU in its epilogue)
         # Greedy steps screen the vocabulary with a bf16 copy of the LM head (greedy_tokens); read at prepare.
         self.greedy_screen = True
 

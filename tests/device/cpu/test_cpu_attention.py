@@ -35,7 +35,8 @@ def _batch(block_size, q_lens, ctx_lens):
 def test_cpu_backend_matches_torch_ref(block_size, heads, kv_heads, shape, prefill_kernel):
     """Every path of prepare(): decodes only; decodes and chunks of <= PAGED_MAX_Q tokens (after a cached
     prefix or fresh), all through the paged kernel row by row; those mixed with longer prefills (the prefill
-    kernel, or SDPA, on their rows); longer prefills only; fresh prompts of one length."""
+    kernel on their rows; without it the paged kernel takes every row); longer prefills only; fresh prompts of one
+    length."""
     short = CpuAttention.PAGED_MAX_Q
     q_lens, ctx = {"decode": ([1, 1, 1], [5, 40, 130]),
                    "short_chunks": ([1, short, 1, 3, 2], [9, 0, 200, 17, 48]),
@@ -56,12 +57,30 @@ def test_cpu_backend_matches_torch_ref(block_size, heads, kv_heads, shape, prefi
         pytest.skip("the prefill kernel needs AVX-512")
     cpu.prefill_kernel = prefill_kernel
     meta = cpu.prepare(batch)
-    assert meta.all_paged == (shape in ("decode", "short_chunks"))
-    assert bool(meta.uniform_fresh) == (shape == "fresh_uniform")
+    assert meta.all_paged == (shape in ("decode", "short_chunks") or not prefill_kernel)
     out = cpu.forward(q, k, v, kv.layer(0), meta)
     want = ref.forward(q, k, v, kv_ref.layer(0), ref.prepare(batch))
     assert torch.allclose(out, want, atol=2e-5), (out - want).abs().max()
     assert torch.equal(kv.buffer, kv_ref.buffer)  # the same K/V were written
+
+
+def test_prefill_rows_in_a_dtype_the_prefill_kernel_lacks_take_the_paged_kernel():
+    """float16 rows planned for the prefill kernel (float32 / bfloat16 only) go through the paged kernel, row by
+    row with their causal lengths: the bits of the step planned all-paged, mixed with short chunks or not."""
+    for q_lens, ctx in (([20, 9], [0, 31]), ([1, 20, 3], [9, 0, 17])):
+        batch, nb = _batch(16, q_lens, ctx)
+        g = torch.Generator().manual_seed(len(q_lens))
+        kv = KVBuffer(1, nb, 16, 2, 64, dtype=torch.float16)
+        kv.buffer.copy_(torch.randn(kv.buffer.shape, generator=g))
+        q, k, v = (torch.randn(batch.num_tokens, n, 64, generator=g).half() for n in (4, 2, 2))
+        outs = []
+        for planned in (True, False):
+            cpu = CpuAttention(4, 2, 64, 0.125, 16)
+            cpu.prefill_kernel = planned
+            meta = cpu.prepare(batch)
+            assert meta.all_paged != planned
+            outs.append(cpu.forward(q, k, v, kv.layer(0), meta))
+        assert torch.equal(outs[0], outs[1])
 
 
 def test_decode_kernel_against_plain_softmax_and_bf16():

@@ -117,14 +117,37 @@ def test_panel_kernel_matches_float64_and_each_row_is_independent_of_the_others(
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_panel_sums_are_one_fused_chain_per_output_on_every_cpu(dtype):
+    """The order the panel kernels (AVX-512 and AVX2 alike) sum in, emulated step by step: per output, from zero,
+    one fused multiply-add per k in order (bf16: per pair the high product, then the low one, each added exactly and
+    rounded once), then + bias, then (bf16) one rounding to nearest even. Bit for bit, so the same weights give the
+    same logits on either instruction set. (K = 37: not AMX's whole tile steps.)"""
+    ops = CpuOps()
+    if dtype not in ops.panel_dtypes:
+        pytest.skip(f"no {dtype} panels on this CPU")
+    g = torch.Generator().manual_seed(13)
+    m, n, k = 3, 50, 37
+    x, w, b = torch.randn(m, k, generator=g).to(dtype), torch.randn(n, k, generator=g).to(dtype), torch.randn(n)
+    acc = torch.zeros(m, n)
+    # float64 holds each product exactly; rounding its sum with the accumulator to float64, then float32, is the
+    # fused single rounding but at double-rounding ties, which these fixed inputs do not meet
+    order = range(k) if dtype == torch.float32 else [i for p in range(0, k, 2) for i in (p + 1, p) if i < k]
+    for i in order:
+        acc = (acc.double() + x[:, i:i + 1].double() * w[:, i].double()).float()
+    want = (acc + b).to(dtype)
+    got = ops.kernels.panel_linear(x, ops.kernels.pack_panels(w), b, n)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gated_panels_give_silu_and_mul_of_the_panel_product_bit_for_bit(dtype):
     """panel_linear_silu on pack_gated_panels (24 gate + 24 up rows per panel, the SiLU in the GEMM's
     epilogue) against what it replaces, silu_and_mul(panel_linear(x, pack_panels(w))): identical bits, with
     biases, intermediate widths that fill no whole panel or no whole 8 (the scalar tail of silu_and_mul),
     saturated and zero activations, every row-block size and the 192-row chunks; and against float64."""
     ops = CpuOps()
-    if dtype not in ops.panel_dtypes:
-        pytest.skip(f"no {dtype} panels on this CPU")
+    if dtype not in ops.gated_dtypes:
+        pytest.skip(f"no {dtype} gated panels on this CPU")
     k_ops = ops.kernels
     g = torch.Generator().manual_seed(11)
     for m, inter, k in ((1, 1536, 576), (5, 13, 16), (17, 50, 36), (33, 24, 64), (300, 100, 96), (8, 1, 8)):
@@ -165,8 +188,8 @@ def test_prepared_mlp_runs_gated_panels_and_linear_still_means_gate_up(dtype):
     (panel_linear_silu) on them (counted): the same bits as the unfused ops on ordinary panels, pieces or not; linear() on that
     weight still returns [gate | up] with the bias added before rounding, as the ordinary panels do."""
     ops = CpuOps()
-    if dtype not in ops.panel_dtypes:
-        pytest.skip(f"no {dtype} panels on this CPU")
+    if dtype not in ops.gated_dtypes:
+        pytest.skip(f"no {dtype} gated panels on this CPU")
     torch.manual_seed(5)
     gate_up = _linear(80, 2 * 50, bias=True, dtype=dtype, feeds_silu=True)
     down = _linear(50, 80, bias=True, dtype=dtype)
@@ -383,8 +406,9 @@ def test_packed_bf16_linear_accumulates_in_fp32(rows):
     ops.prepare_linears([down], _tied_head(1000, 1536))
     x = torch.randn(rows, 1536).bfloat16()
     out = down(x)
-    # the plain weight stays where oneDNN cannot pack bf16 (no avx512bw / avx_ne_convert): torch's matmul then
-    assert out.dtype == torch.bfloat16 and down.weight.numel() == (0 if onednn_bf16() else w.numel())
+    # panels or oneDNN's copy replace the plain weight; where neither packs bf16, torch's matmul on it
+    packed = torch.bfloat16 in ops.panel_dtypes or onednn_bf16()
+    assert out.dtype == torch.bfloat16 and down.weight.numel() == (0 if packed else w.numel())
     ref = x.double() @ w.double().t()
     rel = ((out.double() - ref).abs() / ref.abs().clamp_min(1.0)).max().item()
     assert rel < 2 ** -7  # one bf16 rounding of the result (8 significant bits)
@@ -426,9 +450,10 @@ def test_fused_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, varian
     and KV cache over a prefill of two prompts, several decode steps of 1-2 sequences, a step with a short chunk
     beside a decode (paged rows) and a longer chunk after a cached prefix (the prefill kernel), with biases,
     Qwen3's q/k norms, bf16, and the GEMV kernel or (as for decode batches past its row count) oneDNN's packed
-    GEMM in the linear layers; float32 and bf16 on AVX-512: the panel kernel either way (the GEMV and oneDNN
-    variants run in test_oneDNN_and_gemv_paths_on_an_avx512_cpu's process). Prefill steps are fused where every
-    kernel treats rows independently (panels), also with pieces of 5 rows that cut across sequences."""
+    GEMM in the linear layers; float32 and bf16 with AVX2: the panel kernel either way (the GEMV and oneDNN
+    variants run only where panels do not: CPUs without AVX2, odd bf16 widths). Prefill steps are fused where every
+    kernel treats rows independently (panels), also with pieces of 5 rows that cut across sequences, or where every
+    row takes the paged kernel (no prefill kernel)."""
     from rtp_llm.cache import KVBuffer
     from rtp_llm.device.forward_batch import ForwardBatch
 
@@ -460,8 +485,10 @@ def test_fused_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, varian
 
     model.fused_layers = Watched()
     table = torch.tensor([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 0]], dtype=torch.int32).numpy()
-    # the prefill kernel (AVX-512, head_dim a multiple of 16) and row-independent kernels
-    prefill_fused = (panels or blocks) and ops.kernels.cpu_isa() == "avx512" and cfg.head_dim % 16 == 0
+    # the prefill kernel (AVX-512, head_dim a multiple of 16) and row-independent kernels; without the prefill kernel
+    # every row is paged, and a step of paged rows is always one call
+    prefill_kernel = ops.kernels.cpu_isa() == "avx512" and cfg.head_dim % 16 == 0
+    prefill_fused = (panels or blocks) or not prefill_kernel
     results = []
     for fuse, pieces in ((False, 512), (True, 512), (True, 5)):
         original.enabled, original.piece_rows = fuse, pieces
@@ -502,11 +529,11 @@ def test_fused_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, varian
 
 
 @pytest.mark.skipif(not _has_avx512(), reason="without AVX-512 the tests above already run these paths")
-def test_oneDNN_and_gemv_paths_on_an_avx512_cpu():
-    """RTP_LLM_CPU_NO_AVX512=1 gives what a CPU without AVX-512 runs: for float32 oneDNN's packed GEMM and
-    the AVX2 GEMV kernel instead of the panel kernel, and the AVX2 paged-attention path. This file's
-    linear-layer and fused-layers tests and the attention kernel's tests again, in a process of their own
-    (the choice is made once per process)."""
+def test_avx2_paths_on_an_avx512_cpu():
+    """RTP_LLM_CPU_NO_AVX512=1 gives what a CPU without AVX-512 runs: the AVX2 panel kernels (float32 and bf16), the
+    AVX2 paged-attention path for every row (no prefill kernel). This file's panel, linear-layer and fused-layers
+    tests and the attention kernel's tests again, in a process of their own (the choice is made once per
+    process); and the AVX2 float32 panels give the AVX-512 panels' bits."""
     import os
     import subprocess
     import sys
@@ -514,10 +541,21 @@ def test_oneDNN_and_gemv_paths_on_an_avx512_cpu():
     env = dict(os.environ, RTP_LLM_CPU_NO_AVX512="1", PYTHONPATH=os.pathsep.join(sys.path))
     attention_tests = os.path.join(os.path.dirname(__file__), "test_cpu_attention.py")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, attention_tests,
-                           "-k", "packed_linear or fused_layers or prepared_model or decode_kernel"], env=env,
+                           "-k", "panel_kernel or packed_linear or packed_bf16 or fused_layers or prepared_model or "
+                           "decode_kernel or prefill_rows"], env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert " passed" in proc.stdout and " skipped" not in proc.stdout, proc.stdout[-2000:]
+    g = torch.Generator().manual_seed(3)
+    x, w, b = torch.randn(37, 300, generator=g), torch.randn(100, 300, generator=g), torch.randn(100, generator=g)
+    k_ops = CpuOps().kernels
+    wide = k_ops.panel_linear(x, k_ops.pack_panels(w), b, 100)
+    code = ("import sys, torch; from rtp_llm._native import ops; x, w, b = torch.load(sys.argv[1]); "
+            "torch.save(ops().panel_linear(x, ops().pack_panels(w), b, 100), sys.argv[1])")
+    path = os.path.join(os.environ.get("TEST_TMPDIR", "/tmp"), f"avx2_panels_{os.getpid()}.pt")
+    torch.save((x, w, b), path)
+    subprocess.run([sys.executable, "-c", code, path], env=env, check=True, timeout=300)
+    assert torch.equal(torch.load(path), wide)
 
 
 def test_bf16_panels_run_on_amx_tiles_where_the_cpu_has_them():
