@@ -8,14 +8,16 @@
 // product, then the low one, each rounded once, as vdpbf16ps does (the products of two bf16 are exact in fp32);
 // only denormals differ from vdpbf16ps, which flushes them.
 //
-// Micro-kernel: 2 rows x 48 columns (fp32: 12 ymm accumulators) or 2 rows x 24 columns (bf16: 6 accumulators,
-// the pair split into its two halves in registers), per k one panel row and one broadcast per row.
+// Micro-kernel: 6 rows x 16 columns (12 ymm accumulators, 2 panel vectors and a broadcast per k, as BLIS's
+// Haswell kernel), one row: the whole 48-column panel row per k. bf16 pairs are split into their high and low halves
+// (x once per call, the panel in registers).
 #include "rtp_llm/cpp/cpu/ops.h"
 #include "rtp_llm/cpp/cpu/vec/avx2.h"
 #include "rtp_llm/cpp/cpu/work_pool.h"
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 namespace rtp_llm {
 
@@ -24,69 +26,68 @@ namespace {
 
 // Rows multiplied by one panel before the next: their x rows stay in L2 while every panel passes.
 constexpr int64_t kRowChunk = 192;
+constexpr int kStripCols = 16;  // a 6-row tile's columns: 12 accumulators, 2 panel vectors, 1 broadcast
+constexpr int kTileRows = 6;
 
+// The element kinds. x comes as float32 rows, a bf16 pair split into (high, low) floats: xs[r][2i], xs[r][2i + 1].
+// Fp32: a panel row is 48 floats per k. Bf16: 48 pairs per pair step, the high product added before the low one.
 struct Fp32Panel {
     using W = float;
-    using X = float;
     using Out = float;
-    static constexpr int kVecs = 6;  // 48 columns per tile
-    template <int MR>
-    static __attribute__((always_inline)) inline void step(const W* w, const X* x, int64_t ldx, int64_t i,
-                                                           __m256 (&acc)[MR][kVecs]) {
-        __m256 xb[MR];
-        for (int r = 0; r < MR; ++r) xb[r] = _mm256_broadcast_ss(x + r * ldx + i);
-        for (int c = 0; c < kVecs; ++c) {
-            const __m256 wv = _mm256_loadu_ps(w + 8 * c);
-            for (int r = 0; r < MR; ++r) acc[r][c] = _mm256_fmadd_ps(wv, xb[r], acc[r][c]);
-        }
+    static constexpr int kSub = 1;  // products per step and column
+    template <int V>
+    static __attribute__((always_inline)) inline void load(const W* w, int, __m256 (&wv)[V]) {
+        for (int c = 0; c < V; ++c) wv[c] = _mm256_loadu_ps(w + 8 * c);
     }
     static void store(Out* out, __m256 v) { _mm256_storeu_ps(out, v); }
 };
 
 struct Bf16Pairs {
     using W = uint32_t;
-    using X = uint32_t;
     using Out = c10::BFloat16;
-    static constexpr int kVecs = 3;  // 24 columns per tile
-    template <int MR>
-    static __attribute__((always_inline)) inline void step(const W* w, const X* x, int64_t ldx, int64_t i,
-                                                           __m256 (&acc)[MR][kVecs]) {
-        __m256 hi[MR], lo[MR];
-        for (int r = 0; r < MR; ++r) {
-            const uint32_t p = x[r * ldx + i];
-            hi[r] = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(p & 0xffff0000u)));
-            lo[r] = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(p << 16)));
-        }
-        const __m256i mask = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
-        for (int c = 0; c < kVecs; ++c) {
+    static constexpr int kSub = 2;
+    template <int V>
+    static __attribute__((always_inline)) inline void load(const W* w, int half, __m256 (&wv)[V]) {
+        for (int c = 0; c < V; ++c) {
             const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * c));
-            const __m256 wh = _mm256_castsi256_ps(_mm256_and_si256(raw, mask));
-            const __m256 wl = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
-            for (int r = 0; r < MR; ++r) {
-                acc[r][c] = _mm256_fmadd_ps(wh, hi[r], acc[r][c]);
-                acc[r][c] = _mm256_fmadd_ps(wl, lo[r], acc[r][c]);
-            }
+            wv[c] = _mm256_castsi256_ps(half == 0 ? _mm256_and_si256(raw, _mm256_set1_epi32(int(0xffff0000u)))
+                                                  : _mm256_slli_epi32(raw, 16));
         }
     }
     static void store(Out* out, __m256 v) { vec::store8(out, v); }  // round to nearest even
 };
 
-// out[r, 0:cols] = x[r, :] . panel columns [0, 8 kVecs) (+ bias) for MR rows; w: the panel at the tile's first
-// column, rows kPanelCols apart; k: steps (fp32: K; bf16: pairs).
-template <typename E, int MR>
-void tile(const typename E::W* w, const typename E::X* x, int64_t k, const float* bias, typename E::Out* out,
+// out[r, 0:cols] = x[r, :] . panel columns [0, 8 V) (+ bias) for MR rows; w: the panel at the tile's first column
+// (rows kPanelCols apart), xs: MR float rows of k * kSub values, ldx apart; k: steps (fp32: K; bf16: pairs).
+template <typename E, int MR, int V>
+void tile(const typename E::W* w, const float* xs, int64_t ldx, int64_t k, const float* bias, typename E::Out* out,
           int64_t ldo, int cols) {
-    constexpr int V = E::kVecs;
     __m256 acc[MR][V];
     for (int r = 0; r < MR; ++r)
         for (int c = 0; c < V; ++c) acc[r][c] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < k; ++i) E::template step<MR>(w + i * kPanelCols, x, k, i, acc);
+    // k >= 1 (pack_panels takes no empty weight): told to GCC, which otherwise writes acc back to the stack at
+    // every step for the case of a loop that never runs
+    if (k < 1) __builtin_unreachable();
+    for (int64_t i = 0; i < k; ++i) {
+        for (int h = 0; h < E::kSub; ++h) {
+            __m256 wv[V];
+            E::template load<V>(w + i * kPanelCols, h, wv);
+            for (int r = 0; r < MR; ++r) {
+                const __m256 b = _mm256_broadcast_ss(xs + r * ldx + i * E::kSub + h);
+                for (int c = 0; c < V; ++c) acc[r][c] = _mm256_fmadd_ps(wv[c], b, acc[r][c]);
+            }
+        }
+    }
+    alignas(32) float sums[MR][V * 8];
+    for (int r = 0; r < MR; ++r)
+        for (int c = 0; c < V; ++c) _mm256_store_ps(sums[r] + 8 * c, acc[r][c]);
     for (int c = 0; c < V && 8 * c < cols; ++c) {
         const int valid = std::min(8, cols - 8 * c);
         alignas(32) float b[8] = {};
         if (bias) std::memcpy(b, bias + 8 * c, valid * sizeof(float));
         for (int r = 0; r < MR; ++r) {
-            const __m256 v = bias ? _mm256_add_ps(acc[r][c], _mm256_load_ps(b)) : acc[r][c];
+            const __m256 s = _mm256_load_ps(sums[r] + 8 * c);
+            const __m256 v = bias ? _mm256_add_ps(s, _mm256_load_ps(b)) : s;
             typename E::Out* o = out + r * ldo + 8 * c;
             if (valid == 8) {
                 E::store(o, v);
@@ -100,23 +101,39 @@ void tile(const typename E::W* w, const typename E::X* x, int64_t k, const float
 }
 
 template <typename E>
-void panel_gemm(const typename E::W* panels, const typename E::X* x, const float* bias, typename E::Out* out,
-                int64_t m, int64_t k, int64_t n) {
-    constexpr int64_t tile_cols = 8 * E::kVecs;
-    const int64_t np = (n + kPanelCols - 1) / kPanelCols;
+using StripFn = void (*)(const typename E::W*, const float*, int64_t, int64_t, const float*, typename E::Out*,
+                         int64_t, int);
+template <typename E>
+constexpr StripFn<E> kStrips[kTileRows + 1] = {nullptr, &tile<E, 1, 2>, &tile<E, 2, 2>, &tile<E, 3, 2>,
+                                               &tile<E, 4, 2>, &tile<E, 5, 2>, &tile<E, 6, 2>};
+
+// Rows [0, rows) of xs by one panel into out's columns [0, cols): one row takes the panel whole (6 accumulator
+// chains, one sequential stream); more take it in 16-column strips of 6-row tiles (2 panel loads per 12 FMAs).
+template <typename E>
+void panel_rows(const typename E::W* pan, const float* xs, int64_t ldx, int64_t k, const float* bias,
+                typename E::Out* out, int64_t ldo, int cols, int64_t rows) {
+    if (rows == 1) return tile<E, 1, kPanelCols / 8>(pan, xs, ldx, k, bias, out, ldo, cols);
+    for (int c0 = 0; c0 < cols; c0 += kStripCols) {
+        const int n = std::min(kStripCols, cols - c0);
+        const float* b = bias ? bias + c0 : nullptr;
+        for (int64_t r = 0; r < rows; r += kTileRows) {
+            const int64_t mr = std::min<int64_t>(kTileRows, rows - r);
+            kStrips<E>[mr](pan + c0, xs + r * ldx, ldx, k, b, out + r * ldo + c0, ldo, n);
+        }
+    }
+}
+
+template <typename E>
+void panel_gemm(const typename E::W* panels, const float* xs, const float* bias, typename E::Out* out, int64_t m,
+                int64_t k, int64_t n) {
+    const int64_t np = (n + kPanelCols - 1) / kPanelCols, ldx = k * E::kSub;
     for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
         const int64_t rows = std::min(kRowChunk, m - r0);
         parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
             for (int64_t q = begin; q < end; ++q) {
-                for (int64_t c0 = 0; c0 < kPanelCols && q * kPanelCols + c0 < n; c0 += tile_cols) {
-                    const int64_t col = q * kPanelCols + c0;
-                    const int cols = static_cast<int>(std::min(tile_cols, n - col));
-                    const typename E::W* w = panels + q * k * kPanelCols + c0;
-                    const float* b = bias ? bias + col : nullptr;
-                    int64_t r = r0;
-                    for (; r + 2 <= r0 + rows; r += 2) tile<E, 2>(w, x + r * k, k, b, out + r * n + col, n, cols);
-                    if (r < r0 + rows) tile<E, 1>(w, x + r * k, k, b, out + r * n + col, n, cols);
-                }
+                const int cols = static_cast<int>(std::min<int64_t>(kPanelCols, n - q * kPanelCols));
+                panel_rows<E>(panels + q * k * kPanelCols, xs + r0 * ldx, ldx, k, bias ? bias + q * kPanelCols : nullptr,
+                              out + r0 * n + q * kPanelCols, n, cols, rows);
             }
         });
     }
@@ -131,7 +148,15 @@ void panel_linear_fp32_avx2(const float* panels, const float* x, const float* bi
 
 void panel_linear_bf16_avx2(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
                             int64_t m, int64_t pairs, int64_t n) {
-    panel_gemm<Bf16Pairs>(panels, x_pairs, bias, out, m, pairs, n);
+    // each pair (k = 2i low half, 2i + 1 high half) as two floats, the high one first: the order of the sums
+    std::vector<float> xs(static_cast<size_t>(m * pairs * 2));
+    for (int64_t j = 0; j < m * pairs; ++j) {
+        const uint32_t p = x_pairs[j];
+        const uint32_t hi = p & 0xffff0000u, lo = p << 16;
+        std::memcpy(&xs[2 * j], &hi, 4);
+        std::memcpy(&xs[2 * j + 1], &lo, 4);
+    }
+    panel_gemm<Bf16Pairs>(panels, xs.data(), bias, out, m, pairs, n);
 }
 
 #else  // without AVX2 the planner packs no panels (cpu_isa "scalar")
