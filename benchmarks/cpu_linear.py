@@ -1,6 +1,6 @@
 """The CPU linear layers at SmolLM2's shapes, same process, alternating: F.linear (MKL; packs the weight on
 every call), oneDNN's packed GEMM (the kernel CpuOps used before the panel kernel, and still uses for bf16 and
-on CPUs without AVX-512), the plain-layout GEMV kernel on few rows, and the panel kernel (fp32, AVX-512).
+on CPUs without AVX2), the plain-layout GEMV kernel on few rows, and the panel kernel (AVX-512 or AVX2).
 
     python -m benchmarks.cpu_linear [--rows 1 4 32 4096] [--dtype float32 bfloat16]
     python -m benchmarks.cpu_linear --stream [--dtype float32 bfloat16] [--stream-rows 1 8 16 32 64]
@@ -30,6 +30,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+from rtp_llm.device.cpu.linear import onednn_bf16
 
 SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576), "lm_head": (576, 49152)}
 QWEN_SHAPES = {"qkv": (896, 1152), "o": (896, 896), "gate_up": (896, 9728), "down": (4864, 896),
@@ -82,15 +84,16 @@ def _in_cache(kernels, dtypes, row_counts) -> None:
     print(f"threads {torch.get_num_threads()}")
     for name in dtypes:
         dtype = getattr(torch, name)
-        panel = kernels.cpu_isa() == "avx512" and (dtype == torch.float32 or kernels.cpu_avx512_bf16())
+        panel = kernels.cpu_isa() in ("avx512", "avx2")  # the AVX2 panels where the CPU lacks AVX-512 / avx512_bf16
         for rows in row_counts:
             for shape, (k, n) in SHAPES.items():
                 if shape == "lm_head" and rows > 256:
                     continue  # the LM head only sees sampled rows
                 x, w = torch.randn(rows, k).to(dtype), torch.randn(n, k).to(dtype)
-                packed = torch.ops.mkldnn._reorder_linear_weight(w, 32)
-                kinds = {"F.linear": lambda: F.linear(x, w),
-                         "oneDNN packed": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")}
+                kinds = {"F.linear": lambda: F.linear(x, w)}
+                if dtype == torch.float32 or onednn_bf16():  # oneDNN packs bf16 only with avx512bw or avx_ne_convert
+                    packed = torch.ops.mkldnn._reorder_linear_weight(w, 32)
+                    kinds["oneDNN packed"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
                 if rows <= 4:
                     kinds["GEMV kernel"] = lambda: kernels.gemv(x, w)
                 if panel:
@@ -185,13 +188,13 @@ def _quant(kernels, formats, row_counts, shapes, copies_bytes: float = 150e6, ro
 
 def _stream(kernels, dtypes, row_counts, layers: int = 30, rounds: int = 3) -> None:
     names = [n for n in SHAPES if n != "lm_head"]
-    panel_on = torch.ops.rtp_llm.cpu_isa() == "avx512"
+    panel_on = torch.ops.rtp_llm.cpu_isa() in ("avx512", "avx2")
     gemv_rows = 16  # the GEMV kernel's limit (rtp_llm/cpp/cpu/ops.h: kGemvMaxRows)
     for name in dtypes:
         dtype = getattr(torch, name)
         weights = [[torch.randn(SHAPES[n][1], SHAPES[n][0]).to(dtype) for n in names] for _ in range(layers)]
         packed = [[torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in ws] for ws in weights]
-        on = panel_on if dtype == torch.float32 else torch.ops.rtp_llm.cpu_avx512_bf16()
+        on = panel_on
         panels = [[torch.ops.rtp_llm.pack_panels(w) for w in ws] for ws in weights] if on else None
         outs = [SHAPES[n][1] for n in names]
         gb = sum(w.numel() * w.element_size() for ws in weights for w in ws) / 1e9
