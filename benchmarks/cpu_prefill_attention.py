@@ -1,8 +1,7 @@
-"""CPU prefill attention: the C++ prefill kernel (rtp_llm/cpp/cpu/prefill_attention.cc) against the
-reference path it replaces (SDPA after gathering each sequence's KV through the block table, with an
-explicit causal mask) and, for prompts of one length, against causal SDPA on the step's own k and v
-(the old fast path). SmolLM2's heads (9 query / 3 KV of 64), one layer, ms per call (median), and the prefill
-kernel's GFLOP/s (QK^T and PV over each row's causal keys).
+"""CPU prefill attention: the C++ prefill kernel (rtp_llm/cpp/cpu/prefill_attention.cc, AVX-512) against what
+CpuAttention runs without it, the paged decode kernel row by row (each row over its causal keys; the same bits).
+SmolLM2's heads (9 query / 3 KV of 64), one layer, ms per call (median), and the prefill kernel's GFLOP/s (QK^T and
+PV over each row's causal keys). The SDPA paths it was first measured against are gone (benchmarks/ARCHIVE.md).
 
     python -m benchmarks.cpu_prefill_attention [--dtype float32 bfloat16]
 """
@@ -21,6 +20,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--dtype", nargs="+", default=["float32"])
     args = ap.parse_args()
+    from rtp_llm._native import ops
+
+    if ops().cpu_isa() != "avx512":
+        raise SystemExit("the prefill kernel needs AVX-512; this CPU runs every prefill row on the paged kernel")
     for name in args.dtype:
         _run(getattr(torch, name), args.repeats)
 
@@ -51,7 +54,7 @@ def _run(dtype: torch.dtype, repeats: int) -> None:
         T = sum(q_lens)
         q, k, v = (torch.randn(T, n, dim, generator=g).to(dtype) for n in (heads, kv_heads, kv_heads))
         cpu = CpuAttention(heads, kv_heads, dim, dim ** -0.5, bs)
-        paths = {"prefill kernel": True, "SDPA (gather + mask, or causal on fresh equal prompts)": False}
+        paths = {"prefill kernel": True, "paged kernel per row": False}
         times = {p: [] for p in paths}
         outs = {}
         for _ in range(repeats):

@@ -107,15 +107,12 @@ class Scheduler:
                 continue
             parent = seq.request.sequences[0]
             self.manager.fork(parent.seq_id, seq.seq_id)
-            seq.in_manager = True
             seq.num_computed_tokens = parent.num_computed_tokens
-            seq.num_registered_tokens = parent.num_registered_tokens
             self.start_running(seq)
 
     def _free(self, seq: Sequence) -> None:
-        if seq.in_manager:
+        if self.manager.has_sequence(seq.seq_id):
             self.manager.free(seq.seq_id)
-            seq.in_manager = False
         seq.num_computed_tokens = 0
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
@@ -137,7 +134,7 @@ class Scheduler:
 
         # 1. Running decodes: one batched slot allocation, preempting the newest until it fits.
         while True:
-            decodes = [s for s in self.running if s.is_decode]
+            decodes = [s for s in self.running if self._is_decode(s)]
             decodes = decodes[:budget]
             if not decodes:
                 break
@@ -153,7 +150,6 @@ class Scheduler:
             for j, s in enumerate(decodes):
                 out.scheduled.append(ScheduledSeq(s, s.num_computed_tokens, [s.output[-1]], slots[j:j + 1], True))
                 s.num_computed_tokens += 1
-                s.num_registered_tokens += 1
             budget -= len(decodes)
             break
 
@@ -161,7 +157,7 @@ class Scheduler:
         for s in list(self.running):
             if budget <= 0:
                 break
-            if s.state != SeqState.RUNNING or s.remaining == 0 or s.is_decode:
+            if s.state != SeqState.RUNNING or s.remaining == 0 or self._is_decode(s):
                 continue
             if not self._schedule_chunk(s, budget, out, preempt=True):
                 continue
@@ -185,8 +181,6 @@ class Scheduler:
                 break
             self.waiting.popleft()
             s.num_computed_tokens = m.add_sequence(s.seq_id, tokens, reuse_prefix=reuse)
-            s.num_registered_tokens = len(tokens)
-            s.in_manager = True
             if s.request.cached_tokens == 0 and s.preemptions == 0:
                 s.request.cached_tokens = s.num_computed_tokens
             s.state = SeqState.RUNNING
@@ -222,6 +216,12 @@ class Scheduler:
                 out.sample_rows.extend((sib, row) for sib in x.seq.request.sequences[1:]
                                        if sib.state == SeqState.PENDING_FORK)
             row += 1
+
+    def _is_decode(self, s: Sequence) -> bool:
+        """One token left, and it is the last sampled one, which the manager has not seen yet (a recompute whose
+        prefill chunk stops one short is still a prefill). The manager holds the sequence's token count."""
+        return (s.state == SeqState.RUNNING and s.remaining == 1
+                and self.manager.num_tokens(s.seq_id) == s.num_computed_tokens)
 
     def _schedule_chunk(self, s: Sequence, budget: int, out: SchedulerOutput, preempt: bool) -> bool:
         """Slots for s's next prefill chunk. On block shortage: preempt newer sequences (running

@@ -47,9 +47,7 @@ class Sequence:
     logprobs: list = field(default_factory=list)     # per output token: TokenLogprob, when asked
     state: SeqState = SeqState.WAITING
     num_computed_tokens: int = 0   # tokens whose KV is in the cache
-    num_registered_tokens: int = 0  # tokens the KVCacheManager holds for this sequence (slotted or not)
     admitted_at: int = -1          # admission counter: the newest running sequence is preempted first
-    in_manager: bool = False       # has blocks / an entry in the KVCacheManager
     finish_reason: Optional[FinishReason] = None
     stop_reason: Optional[object] = None  # the stop string or token id that ended it
     preemptions: int = 0
@@ -74,13 +72,6 @@ class Sequence:
     def remaining(self) -> int:
         """Tokens still to compute before the next sample."""
         return self.num_tokens - self.num_computed_tokens
-
-    @property
-    def is_decode(self) -> bool:
-        # One token left, and it is the last sampled one, which the manager has not seen yet
-        # (a recompute whose prefill chunk stops one short is still a prefill).
-        return (self.state == SeqState.RUNNING and self.remaining == 1
-                and self.num_registered_tokens == self.num_computed_tokens)
 
     @property
     def finished(self) -> bool:

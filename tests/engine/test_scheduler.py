@@ -109,7 +109,7 @@ def test_preemption_frees_the_newest_and_recomputes_it_with_its_output():
             break
     assert preempted is not None and preempted.preempted == [b.sequences[0]]  # the newest admission
     victim = b.sequences[0]
-    assert victim.state == SeqState.WAITING and not victim.in_manager and s.waiting[0] is victim
+    assert victim.state == SeqState.WAITING and not s.manager.has_sequence(victim.seq_id) and s.waiting[0] is victim
     assert s.num_preemptions == 1
     kept = list(victim.output)
     assert len(kept) >= 1
@@ -142,7 +142,7 @@ def test_n_samples_sample_from_the_parents_row_and_fork_its_blocks():
     assert [(q, row) for q, row in out.sample_rows] == [(parent, 0), (sibs[0], 0), (sibs[1], 0)]
     assert all(q.state == SeqState.PENDING_FORK for q in sibs)
     s.fork_siblings(out)
-    assert all(q.state == SeqState.RUNNING and q.in_manager for q in sibs)
+    assert all(q.state == SeqState.RUNNING and s.manager.has_sequence(q.seq_id) for q in sibs)
     tables = [s.manager.block_table(q.seq_id) for q in r.sequences]
     assert tables[0] == tables[1] == tables[2]
     assert all(s.manager.ref_count(blk) == 3 for blk in tables[0])
