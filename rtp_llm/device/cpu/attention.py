@@ -60,7 +60,7 @@ class CpuAttention(TorchRefAttention):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.kernels = ops()
-        # The C++ prefill kernel needs AVX-512 (RTP_LLM_CPU_NO_AVX512=1 keeps SDPA); tests switch it off to compare.
+        # The C++ prefill kernel needs AVX-512 (RTP_LLM_CPU_NO_AVX512=1: every row paged); tests turn it off.
         self.prefill_kernel = self.kernels.cpu_isa() == "avx512"
 
     def prepare(self, batch: ForwardBatch) -> CpuMeta:
