@@ -132,8 +132,9 @@ void panel_gemm(const typename E::W* panels, const float* xs, const float* bias,
         parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
             for (int64_t q = begin; q < end; ++q) {
                 const int cols = static_cast<int>(std::min<int64_t>(kPanelCols, n - q * kPanelCols));
-                panel_rows<E>(panels + q * k * kPanelCols, xs + r0 * ldx, ldx, k, bias ? bias + q * kPanelCols : nullptr,
-                              out + r0 * n + q * kPanelCols, n, cols, rows);
+                const float* b = bias ? bias + q * kPanelCols : nullptr;
+                panel_rows<E>(panels + q * k * kPanelCols, xs + r0 * ldx, ldx, k, b, out + r0 * n + q * kPanelCols, n,
+                              cols, rows);
             }
         });
     }

@@ -529,7 +529,7 @@ def test_fused_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, varian
 
 
 @pytest.mark.skipif(not _has_avx512(), reason="without AVX-512 the tests above already run these paths")
-def test_avx2_paths_on_an_avx512_cpu():
+def test_avx2_paths_on_an_avx512_cpu(tmp_path):
     """RTP_LLM_CPU_NO_AVX512=1 gives what a CPU without AVX-512 runs: the AVX2 panel kernels (float32 and bf16), the
     AVX2 paged-attention path for every row (no prefill kernel). This file's panel, linear-layer and fused-layers
     tests and the attention kernel's tests again, in a process of their own (the choice is made once per
@@ -552,7 +552,7 @@ def test_avx2_paths_on_an_avx512_cpu():
     wide = k_ops.panel_linear(x, k_ops.pack_panels(w), b, 100)
     code = ("import sys, torch; from rtp_llm._native import ops; x, w, b = torch.load(sys.argv[1]); "
             "torch.save(ops().panel_linear(x, ops().pack_panels(w), b, 100), sys.argv[1])")
-    path = os.path.join(os.environ.get("TEST_TMPDIR", "/tmp"), f"avx2_panels_{os.getpid()}.pt")
+    path = str(tmp_path / "avx2_panels.pt")
     torch.save((x, w, b), path)
     subprocess.run([sys.executable, "-c", code, path], env=env, check=True, timeout=300)
     assert torch.equal(torch.load(path), wide)
