@@ -193,7 +193,9 @@ def _stream(kernels, dtypes, row_counts, layers: int = 30, rounds: int = 3) -> N
     for name in dtypes:
         dtype = getattr(torch, name)
         weights = [[torch.randn(SHAPES[n][1], SHAPES[n][0]).to(dtype) for n in names] for _ in range(layers)]
-        packed = [[torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in ws] for ws in weights]
+        # oneDNN packs bf16 only with avx512bw or avx_ne_convert
+        packed = ([[torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in ws] for ws in weights]
+                  if dtype == torch.float32 or onednn_bf16() else None)
         on = panel_on
         panels = [[torch.ops.rtp_llm.pack_panels(w) for w in ws] for ws in weights] if on else None
         outs = [SHAPES[n][1] for n in names]
@@ -216,7 +218,7 @@ def _stream(kernels, dtypes, row_counts, layers: int = 30, rounds: int = 3) -> N
                     for x, p, n in zip(xs, ps, outs):
                         torch.ops.rtp_llm.panel_linear(x, p, None, n)
 
-            kinds = {"oneDNN packed": gemm}
+            kinds = {"oneDNN packed": gemm} if packed is not None else {}
             if rows <= gemv_rows:
                 kinds["GEMV kernel"] = gemv
             if panels is not None:

@@ -8,9 +8,10 @@
 // product, then the low one, each rounded once, as vdpbf16ps does (the products of two bf16 are exact in fp32);
 // only denormals differ from vdpbf16ps, which flushes them.
 //
-// Micro-kernel: 6 rows x 16 columns (12 ymm accumulators, 2 panel vectors and a broadcast per k, as BLIS's
-// Haswell kernel), one row: the whole 48-column panel row per k. bf16 pairs are split into their high and low halves
-// (x once per call, the panel in registers).
+// Micro-kernels: 6 rows x 16 columns (12 ymm accumulators, 2 panel vectors and a broadcast per k, as BLIS's
+// Haswell kernel); one or two rows take the whole 48-column panel per k, so the first pass over a panel reads it as
+// one sequential stream (a strip reads 64 of every 192 bytes, a pattern the prefetchers stream poorly). bf16 pairs
+// are split into their high and low halves (x once per call, the panel in registers).
 #include "rtp_llm/cpp/cpu/ops.h"
 #include "rtp_llm/cpp/cpu/vec/avx2.h"
 #include "rtp_llm/cpp/cpu/work_pool.h"
@@ -50,7 +51,8 @@ struct Bf16Pairs {
     static __attribute__((always_inline)) inline void load(const W* w, int half, __m256 (&wv)[V]) {
         for (int c = 0; c < V; ++c) {
             const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * c));
-            wv[c] = _mm256_castsi256_ps(half == 0 ? _mm256_and_si256(raw, _mm256_set1_epi32(int(0xffff0000u)))
+            // the high half by two shifts rather than a mask: no register held for the constant
+            wv[c] = _mm256_castsi256_ps(half == 0 ? _mm256_slli_epi32(_mm256_srli_epi32(raw, 16), 16)
                                                   : _mm256_slli_epi32(raw, 16));
         }
     }
@@ -62,19 +64,38 @@ struct Bf16Pairs {
 template <typename E, int MR, int V>
 void tile(const typename E::W* w, const float* xs, int64_t ldx, int64_t k, const float* bias, typename E::Out* out,
           int64_t ldo, int cols) {
+    // every loop over rows, columns and halves unrolled in full: otherwise GCC may keep acc in memory
     __m256 acc[MR][V];
+    #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r)
+        #pragma GCC unroll 16
         for (int c = 0; c < V; ++c) acc[r][c] = _mm256_setzero_ps();
     // k >= 1 (pack_panels takes no empty weight): told to GCC, which otherwise writes acc back to the stack at
     // every step for the case of a loop that never runs
     if (k < 1) __builtin_unreachable();
     for (int64_t i = 0; i < k; ++i) {
+        #pragma GCC unroll 16
         for (int h = 0; h < E::kSub; ++h) {
-            __m256 wv[V];
-            E::template load<V>(w + i * kPanelCols, h, wv);
-            for (int r = 0; r < MR; ++r) {
-                const __m256 b = _mm256_broadcast_ss(xs + r * ldx + i * E::kSub + h);
-                for (int c = 0; c < V; ++c) acc[r][c] = _mm256_fmadd_ps(wv[c], b, acc[r][c]);
+            if constexpr (MR * V + MR + 1 <= 16) {  // wide tiles: x broadcast first, one panel vector at a time
+                __m256 b[MR];
+                #pragma GCC unroll 16
+                for (int r = 0; r < MR; ++r) b[r] = _mm256_broadcast_ss(xs + r * ldx + i * E::kSub + h);
+                #pragma GCC unroll 16
+                for (int c = 0; c < V; ++c) {
+                    __m256 wv[1];
+                    E::template load<1>(w + i * kPanelCols + 8 * c, h, wv);
+                    #pragma GCC unroll 16
+                    for (int r = 0; r < MR; ++r) acc[r][c] = _mm256_fmadd_ps(wv[0], b[r], acc[r][c]);
+                }
+            } else {  // tall tiles: the panel vectors first, one x broadcast at a time
+                __m256 wv[V];
+                E::template load<V>(w + i * kPanelCols, h, wv);
+                #pragma GCC unroll 16
+                for (int r = 0; r < MR; ++r) {
+                    const __m256 b = _mm256_broadcast_ss(xs + r * ldx + i * E::kSub + h);
+                    #pragma GCC unroll 16
+                    for (int c = 0; c < V; ++c) acc[r][c] = _mm256_fmadd_ps(wv[c], b, acc[r][c]);
+                }
             }
         }
     }
@@ -113,12 +134,23 @@ template <typename E>
 void panel_rows(const typename E::W* pan, const float* xs, int64_t ldx, int64_t k, const float* bias,
                 typename E::Out* out, int64_t ldo, int cols, int64_t rows) {
     if (rows == 1) return tile<E, 1, kPanelCols / 8>(pan, xs, ldx, k, bias, out, ldo, cols);
+    // the first two rows take the panel whole: one sequential stream from memory, which leaves the panel in L2
+    // for the strips
+    tile<E, 2, kPanelCols / 8>(pan, xs, ldx, k, bias, out, ldo, cols);
+    xs += 2 * ldx;
+    out += 2 * ldo;
+    rows -= 2;
+    if (rows == 0) return;
     for (int c0 = 0; c0 < cols; c0 += kStripCols) {
         const int n = std::min(kStripCols, cols - c0);
         const float* b = bias ? bias + c0 : nullptr;
-        for (int64_t r = 0; r < rows; r += kTileRows) {
-            const int64_t mr = std::min<int64_t>(kTileRows, rows - r);
+        // rows split evenly over the fewest tiles: 32 rows as 6,6,5,5,5,5, not 6 x 5 + 2 (a tile under 5 rows
+        // waits on FMA latency, so it costs nearly as much as a full one)
+        const int64_t tiles = (rows + kTileRows - 1) / kTileRows, base = rows / tiles, extra = rows % tiles;
+        for (int64_t t = 0, r = 0; t < tiles; ++t) {
+            const int64_t mr = base + (t < extra ? 1 : 0);
             kStrips<E>[mr](pan + c0, xs + r * ldx, ldx, k, b, out + r * ldo + c0, ldo, n);
+            r += mr;
         }
     }
 }

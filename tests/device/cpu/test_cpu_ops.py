@@ -121,12 +121,14 @@ def test_panel_sums_are_one_fused_chain_per_output_on_every_cpu(dtype):
     """The order the panel kernels (AVX-512 and AVX2 alike) sum in, emulated step by step: per output, from zero,
     one fused multiply-add per k in order (bf16: per pair the high product, then the low one, each added exactly and
     rounded once), then + bias, then (bf16) one rounding to nearest even. Bit for bit, so the same weights give the
-    same logits on either instruction set. (K = 37: not AMX's whole tile steps.)"""
+    same logits on either instruction set. (K = 37: not AMX's whole tile steps.) Every row count the kernels tile
+    differently (one row, the two-row lead tile, uneven 6-row tiles, more than one 192-row chunk) gives the same
+    bits per row."""
     ops = CpuOps()
     if dtype not in ops.panel_dtypes:
         pytest.skip(f"no {dtype} panels on this CPU")
     g = torch.Generator().manual_seed(13)
-    m, n, k = 3, 50, 37
+    m, n, k = 200, 50, 37
     x, w, b = torch.randn(m, k, generator=g).to(dtype), torch.randn(n, k, generator=g).to(dtype), torch.randn(n)
     acc = torch.zeros(m, n)
     # float64 holds each product exactly; rounding its sum with the accumulator to float64, then float32, is the
@@ -135,8 +137,9 @@ def test_panel_sums_are_one_fused_chain_per_output_on_every_cpu(dtype):
     for i in order:
         acc = (acc.double() + x[:, i:i + 1].double() * w[:, i].double()).float()
     want = (acc + b).to(dtype)
-    got = ops.kernels.panel_linear(x, ops.kernels.pack_panels(w), b, n)
-    assert torch.equal(got, want)
+    panels = ops.kernels.pack_panels(w)
+    for rows in (1, 2, 3, 7, 8, 13, 32, 200):
+        assert torch.equal(ops.kernels.panel_linear(x[:rows], panels, b, n), want[:rows]), rows
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
