@@ -10,7 +10,7 @@ from typing import Optional
 class EngineConfig:
     model: Optional[str] = None             # HF directory or .gguf file; None = the embedded default model
     tokenizer: Optional[str] = None         # defaults to the model path
-    model_type: Optional[str] = None        # qwen_3 | qwen_2 | llama; None = from the checkpoint
+    model_type: Optional[str] = None        # qwen_3 | qwen_2 | llama | *_moe | mixtral; None: the checkpoint
     dtype: str = "auto"
     quantization: str = "auto"              # auto: GGUF blocks as stored; none: dequantize; int8: per-channel int8
     device: str = "cpu"

@@ -1,5 +1,8 @@
 """ModelConfig: the shape of a decoder-only model, from a Hugging Face config.json or GGUF metadata.
 
+Mixture-of-experts models (Qwen3-MoE, Qwen2-MoE, Mixtral) carry a MoEConfig: which layers route, how many
+experts, the router's rule and the experts' sizes.
+
 Both config.json dialects are accepted: transformers 4 (top-level `rope_theta`, `rope_scaling`,
 `torch_dtype`) and transformers 5 (`rope_parameters`, `dtype`).
 """
@@ -20,9 +23,14 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen_3",
     "Qwen2ForCausalLM": "qwen_2",
     "LlamaForCausalLM": "llama",
+    "Qwen3MoeForCausalLM": "qwen_3_moe",
+    "Qwen2MoeForCausalLM": "qwen_2_moe",
+    "MixtralForCausalLM": "mixtral",
 }
 # Accepted --model_type spellings (upstream's first) -> canonical.
-MODEL_TYPES = {"qwen_3": "qwen_3", "qwen3": "qwen_3", "qwen_2": "qwen_2", "qwen2": "qwen_2", "llama": "llama"}
+MODEL_TYPES = {"qwen_3": "qwen_3", "qwen3": "qwen_3", "qwen_2": "qwen_2", "qwen2": "qwen_2", "llama": "llama",
+               "qwen_3_moe": "qwen_3_moe", "qwen3_moe": "qwen_3_moe", "qwen_2_moe": "qwen_2_moe",
+               "qwen2_moe": "qwen_2_moe", "mixtral": "mixtral"}
 GGUF_ARCHITECTURES = {"qwen3": "qwen_3", "qwen2": "qwen_2", "llama": "llama"}
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
            "float16": torch.float16, "half": torch.float16}
@@ -44,7 +52,7 @@ def canonical_model_type(model_type: str) -> str:
         return MODEL_TYPES[model_type]
     except KeyError:
         raise UnknownArchitectureError(
-            f"unknown model_type {model_type!r}; supported: qwen_3, qwen_2, llama") from None
+            f"unknown model_type {model_type!r}; supported: {', '.join(sorted(set(MODEL_TYPES.values())))}") from None
 
 
 @dataclass
@@ -76,6 +84,51 @@ class RopeConfig:
 
 
 @dataclass
+class MoEConfig:
+    """The sparse MLP blocks: softmax over every expert's router logit, the top_k largest (torch.topk's order and
+    ties), renormalised to sum 1 where `renormalize`; each token's output is the sum of its experts' outputs times
+    their weights, in ascending expert order. Qwen rounds the weights to the model's dtype before the products
+    (`weights_in_model_dtype`); Mixtral multiplies by the float32 weights. Qwen2-MoE adds a shared expert scaled by
+    sigmoid(shared_expert_gate(x))."""
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # each expert's
+    renormalize: bool
+    weights_in_model_dtype: bool
+    sparse_step: int = 1  # layer i routes when (i + 1) % sparse_step == 0 and i is not in mlp_only_layers
+    mlp_only_layers: tuple[int, ...] = ()
+    shared_intermediate_size: int = 0  # 0: no shared expert
+
+    def __post_init__(self):
+        if not 1 <= self.top_k <= self.num_experts:
+            raise CheckpointError(f"num_experts_per_tok ({self.top_k}) must be between 1 and the number of experts "
+                                  f"({self.num_experts})")
+        if self.sparse_step < 1:
+            raise CheckpointError(f"decoder_sparse_step must be at least 1, got {self.sparse_step}")
+
+    def routes(self, layer: int) -> bool:
+        return layer not in self.mlp_only_layers and (layer + 1) % self.sparse_step == 0
+
+    @classmethod
+    def from_hf(cls, cfg: dict, model_type: str) -> Optional["MoEConfig"]:
+        if model_type == "mixtral":
+            return cls(num_experts=int(cfg["num_local_experts"]), top_k=int(cfg.get("num_experts_per_tok", 2)),
+                       intermediate_size=int(cfg["intermediate_size"]), renormalize=True,
+                       weights_in_model_dtype=False)
+        # transformers 5 writes Qwen-MoE's num_experts as num_local_experts
+        experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+        if model_type not in ("qwen_3_moe", "qwen_2_moe") or not experts:
+            return None
+        return cls(num_experts=experts, top_k=int(cfg["num_experts_per_tok"]),
+                   intermediate_size=int(cfg["moe_intermediate_size"]),
+                   renormalize=bool(cfg.get("norm_topk_prob", False)), weights_in_model_dtype=True,
+                   sparse_step=int(cfg.get("decoder_sparse_step", 1)),
+                   mlp_only_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
+                   shared_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0)
+                   if model_type == "qwen_2_moe" else 0)
+
+
+@dataclass
 class ModelConfig:
     architecture: str
     model_type: str
@@ -97,12 +150,17 @@ class ModelConfig:
     dtype: torch.dtype = torch.float32  # the checkpoint's own dtype ("auto" resolves to it)
     bos_token_id: Optional[int] = None
     eos_token_ids: list[int] = field(default_factory=list)
+    moe: Optional[MoEConfig] = None
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
             raise CheckpointError(
                 f"num_attention_heads ({self.num_heads}) must be a multiple of num_key_value_heads "
                 f"({self.num_kv_heads})")
+
+    def routes(self, layer: int) -> bool:
+        """Whether decoder layer `layer` has a sparse (mixture-of-experts) MLP."""
+        return self.moe is not None and self.moe.routes(layer)
 
     @property
     def q_size(self) -> int:
@@ -124,7 +182,7 @@ class ModelConfig:
             if not known:
                 raise UnknownArchitectureError(
                     f"unknown architecture {archs or cfg.get('model_type')!r}; supported: "
-                    f"{', '.join(ARCHITECTURES)} (or pass --model_type qwen_3 | qwen_2 | llama)")
+                    f"{', '.join(ARCHITECTURES)} (or pass --model_type, e.g. qwen_3 | qwen_2 | llama)")
             arch = known[0]
             mt = ARCHITECTURES[arch]
         try:
@@ -147,14 +205,15 @@ class ModelConfig:
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 # Qwen2 always has q/k/v biases and none on o_proj; Llama / Qwen3 follow attention_bias.
-                qkv_bias=True if mt == "qwen_2" else attention_bias,
-                o_bias=False if mt == "qwen_2" else attention_bias,
+                qkv_bias=True if mt in ("qwen_2", "qwen_2_moe") else attention_bias,
+                o_bias=False if mt in ("qwen_2", "qwen_2_moe") else attention_bias,
                 mlp_bias=bool(cfg.get("mlp_bias", False)),
-                qk_norm=mt == "qwen_3",
+                qk_norm=mt in ("qwen_3", "qwen_3_moe"),
                 rope=RopeConfig.from_hf(cfg),
                 dtype=parse_dtype(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
                 bos_token_id=cfg.get("bos_token_id"),
                 eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+                moe=MoEConfig.from_hf(cfg, mt),
             )
         except KeyError as exc:
             raise CheckpointError(f"config.json is missing the field {exc.args[0]!r}") from None

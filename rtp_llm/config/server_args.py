@@ -77,7 +77,8 @@ FLAGS = [
                  "SmolLM2-135M-Instruct)", "model", aliases=("--model",)),
     _engine_flag("tokenizer_path", "TOKENIZER_PATH", str, "tokenizer directory or .gguf (default: the model's)",
                  "tokenizer"),
-    _engine_flag("model_type", "MODEL_TYPE", str, "qwen_3 | qwen_2 | llama (default: from the checkpoint)"),
+    _engine_flag("model_type", "MODEL_TYPE", str,
+                 "qwen_3 | qwen_2 | llama | qwen_3_moe | qwen_2_moe | mixtral (default: from the checkpoint)"),
     _engine_flag("dtype", "DTYPE", str, "weight dtype", choices=("auto", "float32", "bfloat16", "float16")),
     _engine_flag("quantization", "QUANTIZATION", str,
                  "auto = keep a GGUF's block formats in memory where the device multiplies them (CPU float32: Q8_0, "

@@ -1,7 +1,8 @@
-"""The decoder-only transformer shared by Llama, Qwen2 and Qwen3.
+"""The decoder-only transformer shared by Llama, Qwen2 and Qwen3, and their mixture-of-experts kin.
 
 They differ only in flags of ModelConfig: q/k/v (and o) biases, Qwen3's per-head q_norm/k_norm,
-explicit head_dim, tied embeddings. Q/K/V and gate/up are fused into one matmul each at load time.
+explicit head_dim, tied embeddings, and (MoEConfig) which layers have a sparse MLP (rtp_llm/layers/moe.py).
+Q/K/V and gate/up are fused into one matmul each at load time.
 The graph runs on a flat ForwardBatch; logits are computed only for batch.logits_indices.
 
 Tensor parallelism (rtp_llm/distributed/): built with a TensorParallel group, the model holds only its
@@ -27,8 +28,10 @@ from rtp_llm.device.torch_ops import TorchOps
 from rtp_llm.errors import MissingTensorError, ShapeMismatchError
 from rtp_llm.layers.linear import Linear, parameter
 from rtp_llm.layers.mlp import GatedMLP
+from rtp_llm.layers.moe import SparseMoE
 from rtp_llm.layers.norm import RMSNorm
 from rtp_llm.layers.rotary import RotaryEmbedding
+from rtp_llm.models import moe_weights
 from rtp_llm.models.lazy_tensor import LazyTensor, read_tensor
 from rtp_llm.models.quantized import QuantizedWeight
 from rtp_llm.models.sharding import TPShard
@@ -37,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device, shard: TPShard, ops, tp=None):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device, shard: TPShard, ops, tp=None, index: int = 0):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = shard.num_heads, shard.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = shard.num_heads * cfg.head_dim, shard.num_kv_heads * cfg.head_dim
@@ -49,7 +52,12 @@ class DecoderLayer(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, eps, dtype, device, ops) if cfg.qk_norm else None
         self.o = Linear(q, h, cfg.o_bias, dtype, device, tp=tp)
         self.post_norm = RMSNorm(h, eps, dtype, device, ops)
-        self.mlp = GatedMLP(h, shard.intermediate, cfg.mlp_bias, dtype, device, ops, tp)
+        self.moe = cfg.routes(index)  # a sparse MLP: the fused whole-step paths take dense layers only
+        if self.moe:
+            self.mlp = SparseMoE(h, cfg.moe, shard.expert_intermediate, shard.shared_intermediate, dtype, device, ops,
+                                 tp)
+        else:
+            self.mlp = GatedMLP(h, shard.intermediate, cfg.mlp_bias, dtype, device, ops, tp)
 
     # The layer's weights by name: this forward reads them as attributes, a device's fused step (the C++ op names
     # its slots "qkv.packed", "post_norm", ...) looks them up with part(); a new kind of part is named once here.
@@ -59,12 +67,16 @@ class DecoderLayer(nn.Module):
     def part(self, name: str) -> Optional[nn.Module]:
         """A norm or linear layer by name; None for a norm the model does not have (q_norm without qk_norm)."""
         if name in ("gate_up", "down"):
+            if self.moe:
+                raise KeyError(f"a mixture-of-experts layer has no single {name!r}: its experts' are in mlp.experts")
             return getattr(self.mlp, name)
         if name in self.NORMS or name in self.LINEARS:
             return getattr(self, name)
         raise KeyError(f"a decoder layer has no part {name!r} (parts: {self.NORMS + self.LINEARS})")
 
     def linears(self) -> list[Linear]:
+        if self.moe:
+            return [self.qkv, self.o] + self.mlp.linears()
         return [self.part(name) for name in self.LINEARS]
 
     def forward(self, x, residual, cos, sin, layer_kv, attn: AttentionBackend, meta):
@@ -98,8 +110,8 @@ class DecoderLM(nn.Module):
         self.embed = parameter((vocab, cfg.hidden_size), dtype, device)
         self.embed_quantized: QuantizedWeight | None = None  # the embedding as its file's blocks (then embed is empty)
         self.embed_rows = None  # prepare(): ids -> rows of embed_quantized, as the op set looks them up
-        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device, self.shard, self.ops, self.tp)
-                                    for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device, self.shard, self.ops, self.tp, i)
+                                    for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device, self.ops)
         self.head = Linear(cfg.hidden_size, vocab, False, dtype, device,
                            tied=self.embed if cfg.tie_word_embeddings else None)
@@ -113,7 +125,8 @@ class DecoderLM(nn.Module):
         if self.embed_quantized is not None:
             self.embed_rows = self.ops.quantized_embedding(self.embed_quantized, self.head if self.head.tied else None,
                                                            self.embed)
-        self.fused_layers = self.ops.fused_layers(self.layers, self.cfg)
+        dense = not any(layer.moe for layer in self.layers)
+        self.fused_layers = self.ops.fused_layers(self.layers, self.cfg) if dense else None
 
     # --- weights -------------------------------------------------------------------------------------
     def expected_weights(self) -> dict[str, tuple[int, ...]]:
@@ -132,10 +145,12 @@ class DecoderLM(nn.Module):
                 p + "self_attn.k_proj.weight": (kv, h),
                 p + "self_attn.v_proj.weight": (kv, h),
                 p + "self_attn.o_proj.weight": (h, q),
-                p + "mlp.gate_proj.weight": (inter, h),
-                p + "mlp.up_proj.weight": (inter, h),
-                p + "mlp.down_proj.weight": (h, inter),
             })
+            if c.routes(i):
+                out.update(moe_weights.expected_weights(c, i))
+            else:
+                out.update({p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+                            p + "mlp.down_proj.weight": (h, inter)})
             if c.qkv_bias:
                 out.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                             p + "self_attn.v_proj.bias": (kv,)})
@@ -143,7 +158,7 @@ class DecoderLM(nn.Module):
                 out[p + "self_attn.o_proj.bias"] = (h,)
             if c.qk_norm:
                 out.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
-            if c.mlp_bias:
+            if c.mlp_bias and not c.routes(i):
                 out.update({p + "mlp.gate_proj.bias": (inter,), p + "mlp.up_proj.bias": (inter,),
                             p + "mlp.down_proj.bias": (h,)})
         return out
@@ -159,10 +174,10 @@ class DecoderLM(nn.Module):
         expected = self.expected_weights()
         slices = self.shard.weight_slices(self.cfg)
         got: dict[str, torch.Tensor] = {}
-        it = weights
+        it = moe_weights.canonical_names(weights) if self.cfg.moe is not None else weights
         if progress:
             from tqdm import tqdm
-            it = tqdm(weights, total=len(expected), desc="Loading weights", unit="tensor")
+            it = tqdm(it, total=len(expected), desc="Loading weights", unit="tensor")
         for name, tensor in it:
             if name not in expected:
                 continue  # e.g. rotary inv_freq buffers, or a tied lm_head copy
@@ -206,6 +221,9 @@ class DecoderLM(nn.Module):
             if layer.o.bias is not None:
                 layer.o.bias.copy_(got[p + "self_attn.o_proj.bias"])
             mlp = layer.mlp
+            if layer.moe:
+                moe_weights.load_layer(self._load_linear, mlp, got, i)
+                continue
             self._load_linear(mlp.gate_up, [got[p + "mlp.gate_proj.weight"], got[p + "mlp.up_proj.weight"]])
             self._load_linear(mlp.down, [got[p + "mlp.down_proj.weight"]])
             if mlp.gate_up.bias is not None:
@@ -244,9 +262,8 @@ class DecoderLM(nn.Module):
         if not self.head.tied:
             named.append(("lm_head", self.head.quantized, self.head.weight))
         for layer in self.layers:
-            for cls, lin in (("attention", layer.qkv), ("attention", layer.o), ("mlp", layer.mlp.gate_up),
-                             ("mlp", layer.mlp.down)):
-                named.append((cls, lin.quantized, lin.weight))
+            named += [("attention", lin.quantized, lin.weight) for lin in (layer.qkv, layer.o)]
+            named += [("experts" if layer.moe else "mlp", lin.quantized, lin.weight) for lin in layer.linears()[2:]]
         for cls, q, w in named:
             classes.setdefault(cls, set()).add(q.format if q is not None else str(w.dtype).replace("torch.", ""))
             resident += q.nbytes if q is not None else w.numel() * w.element_size()

@@ -1,6 +1,7 @@
 """model_type -> model class, and load_model(): config + weights from a path, ready to run.
 
-Llama, Qwen2 and Qwen3 share one graph (DecoderLM); their differences are ModelConfig flags.
+Llama, Qwen2, Qwen3 and their mixture-of-experts kin (Qwen3-MoE, Qwen2-MoE, Mixtral) share one graph (DecoderLM);
+their differences are ModelConfig flags and its MoEConfig.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from rtp_llm.models.quantized import QUANTIZATION_MODES
 
 log = logging.getLogger(__name__)
 
-MODEL_CLASSES = {"qwen_3": DecoderLM, "qwen_2": DecoderLM, "llama": DecoderLM}
+MODEL_CLASSES = {name: DecoderLM for name in ("qwen_3", "qwen_2", "llama", "qwen_3_moe", "qwen_2_moe", "mixtral")}
 
 
 def stored_dtype(path: str, cfg: ModelConfig) -> torch.dtype:
@@ -38,7 +39,11 @@ def memory_plan(engine_config, device, block_size: int) -> tuple[int, int]:
     dtype = device.model_dtype(engine_config.dtype, stored_dtype(engine_config.model, cfg))
     h, inter, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    linear = layers * (h * (q + 2 * kv) + q * h + 3 * h * inter)
+    linear = layers * (h * (q + 2 * kv) + q * h)
+    for i in range(layers):
+        moe = cfg.moe if cfg.routes(i) else None  # every expert is resident, routed to or not
+        linear += 3 * h * inter if moe is None else h * (moe.num_experts * (3 * moe.intermediate_size + 1)
+                                                         + 3 * moe.shared_intermediate_size + 1)
     embed = cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
     item = torch.empty((), dtype=dtype).element_size()
     gguf = find_gguf(engine_config.model)

@@ -5,7 +5,9 @@
   than ranks, each KV head is replicated on tp/kv ranks and its query group is split between them.
   Head counts need not divide evenly: SmolLM2's 9 query / 3 KV heads over 2 ranks become 6/2 and 3/1
   (vLLM would refuse; we accept the imbalance in the attention projections, the MLP still splits evenly).
-- MLP: gate/up column-parallel, down row-parallel over an even split of intermediate_size.
+- MLP: gate/up column-parallel, down row-parallel over an even split of intermediate_size; in a
+  mixture-of-experts block every expert (and the shared expert) is split the same way over its own intermediate
+  size, and the router is replicated.
 - Vocabulary: embedding and LM head are vocab-parallel in chunks of ceil(V / tp) rows.
 - o_proj and down_proj are row-parallel: each rank's partial sum is all-reduced, bias added after.
 """
@@ -38,6 +40,10 @@ class TPShard:
     vocab_start: int
     vocab_stop: int
     vocab_chunk: int  # every rank's logits are padded to this width for the gather
+    expert_inter_start: int = 0
+    expert_inter_stop: int = 0
+    shared_inter_start: int = 0
+    shared_inter_stop: int = 0
 
     @property
     def num_heads(self) -> int:
@@ -50,6 +56,14 @@ class TPShard:
     @property
     def intermediate(self) -> int:
         return self.inter_stop - self.inter_start
+
+    @property
+    def expert_intermediate(self) -> int:
+        return self.expert_inter_stop - self.expert_inter_start
+
+    @property
+    def shared_intermediate(self) -> int:
+        return self.shared_inter_stop - self.shared_inter_start
 
     @property
     def vocab(self) -> int:
@@ -79,12 +93,20 @@ class TPShard:
         if cfg.intermediate_size < size:
             raise ShardingError(f"tp_size={size} exceeds intermediate_size={cfg.intermediate_size}")
         inter_start, inter_stop = split_range(cfg.intermediate_size, size, rank)
+        experts = shared = (0, 0)
+        if cfg.moe is not None:
+            for name, n in (("moe_intermediate_size", cfg.moe.intermediate_size),
+                            ("shared_expert_intermediate_size", cfg.moe.shared_intermediate_size or size)):
+                if n < size:
+                    raise ShardingError(f"tp_size={size} exceeds {name}={n}")
+            experts = split_range(cfg.moe.intermediate_size, size, rank)
+            shared = split_range(cfg.moe.shared_intermediate_size, size, rank)
         chunk = -(-cfg.vocab_size // size)
         vocab_start, vocab_stop = min(rank * chunk, cfg.vocab_size), min((rank + 1) * chunk, cfg.vocab_size)
         if vocab_stop <= vocab_start:
             raise ShardingError(f"tp_size={size} is too large for vocab_size={cfg.vocab_size}")
         return cls(rank, size, head_start, head_stop, kv_start, kv_stop, inter_start, inter_stop,
-                   vocab_start, vocab_stop, chunk)
+                   vocab_start, vocab_stop, chunk, *experts, *shared)
 
     def weight_slices(self, cfg: ModelConfig) -> dict[str, tuple[int, int, int]]:
         """Hugging Face tensor name -> (dim, start, stop) this rank reads; names not listed are replicated."""
@@ -109,4 +131,11 @@ class TPShard:
                 out[p + f"mlp.{x}_proj.weight"] = (0, *inter)
                 out[p + f"mlp.{x}_proj.bias"] = (0, *inter)
             out[p + "mlp.down_proj.weight"] = (1, *inter)
+            if cfg.routes(i):
+                ranges = [(f"mlp.experts.{e}.", (self.expert_inter_start, self.expert_inter_stop))
+                          for e in range(cfg.moe.num_experts)]
+                ranges.append(("mlp.shared_expert.", (self.shared_inter_start, self.shared_inter_stop)))
+                for prefix, rows in ranges:
+                    out[p + prefix + "gate_proj.weight"] = out[p + prefix + "up_proj.weight"] = (0, *rows)
+                    out[p + prefix + "down_proj.weight"] = (1, *rows)
         return out

@@ -3,41 +3,16 @@ runs alone or among many others, wherever it sits in the batch, whatever the pre
 prefix came from the cache and whether it was preempted and recomputed; for greedy and seeded sampling, in
 float32 and bfloat16, on the CPU device's kernels (what the server runs)."""
 
-import random
-
 import pytest
 
 from rtp_llm.sampling import SamplingParams
 from tests.engine.helpers import Tiny, run_all
-
-TARGET = [(i * 11 + 5) % 250 + 3 for i in range(37)]
-MODES = {"greedy": dict(temperature=0), "seeded": dict(temperature=0.9, top_p=0.95, seed=1234)}
+from tests.engine.invariance import MODES, TARGET, crowd, params, signature
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def tiny(request, tmp_path_factory):
     return Tiny(tmp_path_factory.mktemp(f"tiny_{request.param}"), dtype=request.param, device_ops=True)
-
-
-def params(mode, **kw):
-    return SamplingParams(max_tokens=14, ignore_eos=True, logprobs=4, **MODES[mode], **kw)
-
-
-def signature(out):
-    o = out.outputs[0]
-    return o.token_ids, [(lp.token_id, lp.logprob, tuple(lp.top)) for lp in o.logprobs]
-
-
-def crowd(seed, n, longest=60):
-    """n other requests of mixed lengths and sampling, arriving over the first steps."""
-    rng = random.Random(seed)
-    others = []
-    for i in range(n):
-        prompt = [rng.randrange(3, 250) for _ in range(rng.randrange(1, longest))]
-        sp = SamplingParams(max_tokens=rng.randrange(1, 30), ignore_eos=True, temperature=rng.choice([0, 0.7, 1.2]),
-                            seed=rng.randrange(1000), logprobs=rng.choice([None, 2]))
-        others.append((rng.randrange(0, 6), f"o{seed}.{i}", prompt, sp))
-    return others
 
 
 @pytest.mark.parametrize("mode", list(MODES))

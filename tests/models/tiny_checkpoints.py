@@ -60,14 +60,38 @@ FULL_VOCAB_VARIANTS = {
 }
 
 
+# Mixture-of-experts shapes (tests/models/test_moe.py): top-k 1, 2 and 8; odd expert counts; sparse and dense layers
+# mixed (decoder_sparse_step, mlp_only_layers); Qwen2-MoE's shared expert; Mixtral's renormalised top-2.
+MOE_VARIANTS = {
+    "qwen3_moe_top2_e5": ("qwen3_moe", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                            num_experts=5, num_experts_per_tok=2, moe_intermediate_size=32,
+                                            tie_word_embeddings=False)),
+    "qwen3_moe_top8_e9_norm_mixed": ("qwen3_moe", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                                       num_hidden_layers=3, num_experts=9, num_experts_per_tok=8,
+                                                       moe_intermediate_size=24, norm_topk_prob=True,
+                                                       mlp_only_layers=[1], tie_word_embeddings=True)),
+    "qwen3_moe_top1_e7_step2": ("qwen3_moe", dict(num_attention_heads=4, num_key_value_heads=4, head_dim=16,
+                                                  num_experts=7, num_experts_per_tok=1, moe_intermediate_size=40,
+                                                  decoder_sparse_step=2, tie_word_embeddings=False)),
+    "qwen2_moe_shared": ("qwen2_moe", dict(num_attention_heads=4, num_key_value_heads=2, num_experts=6,
+                                           num_experts_per_tok=2, moe_intermediate_size=32,
+                                           shared_expert_intermediate_size=48, tie_word_embeddings=False)),
+    "mixtral_top2_e5": ("mixtral", dict(num_attention_heads=4, num_key_value_heads=2, num_local_experts=5,
+                                        num_experts_per_tok=2, intermediate_size=48, tie_word_embeddings=False)),
+}
+
+
 def make_checkpoint(path, variant: str, seed: int = 0):
     """Writes config.json + model.safetensors into path; returns the transformers model (float32, eval)."""
-    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                              Qwen3ForCausalLM)
+    import transformers as tf
 
-    arch, overrides = {**VARIANTS, **NPU_VARIANTS, **TP_VARIANTS, **FULL_VOCAB_VARIANTS}[variant]
-    config_cls, model_cls = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-                             "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
+    arch, overrides = {**VARIANTS, **NPU_VARIANTS, **TP_VARIANTS, **FULL_VOCAB_VARIANTS, **MOE_VARIANTS}[variant]
+    config_cls, model_cls = {"qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM), "qwen2": (tf.Qwen2Config,
+                                                                                       tf.Qwen2ForCausalLM),
+                             "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+                             "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM),
+                             "qwen2_moe": (tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM),
+                             "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM)}[arch]
     base = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                 max_position_embeddings=512, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     base.update(overrides)
@@ -79,5 +103,10 @@ def make_checkpoint(path, variant: str, seed: int = 0):
         for name, p in model.named_parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
+            elif arch in ("qwen3_moe", "qwen2_moe", "mixtral"):
+                # the init's tiny router logits make every routing a near tie, and its tiny experts add little to
+                # the residual: routers scaled until choices are clear, experts until a wrong choice shows
+                p.mul_(40.0 if name.endswith(("gate.weight", "shared_expert_gate.weight")) and "proj" not in name
+                       else 4.0 if ".experts." in name or "shared_expert." in name else 1.0)
     model.save_pretrained(str(path))
     return model
