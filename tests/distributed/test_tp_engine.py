@@ -1,6 +1,7 @@
 """Tensor parallelism through the engine (gloo on CPU, real worker processes): TP=2 (and 3) produce the same
 tokens as TP=1 and as transformers, for tiny Qwen3 / Qwen2 / Llama checkpoints covering KV-head
-replication, uneven head / MLP / vocabulary splits and biases, and for SmolLM2 through the LLM API."""
+replication, uneven head / MLP / vocabulary splits and biases, for mixture-of-experts checkpoints (each expert's
+intermediate dimension split), and for SmolLM2 through the LLM API."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ CASES = [
     ("qwen2_6h_3kv_bias", 2),            # uneven heads 4/2 with q/k/v biases
     ("llama_9h_3kv_odd", 2),             # SmolLM2's 9/3 heads, odd MLP (97) and vocab (255), o/down biases
     ("llama_9h_3kv_odd", 3),             # three ranks
+    ("qwen2_moe_shared", 2),             # every expert and the shared expert split 16/16 and 24/24
+    ("qwen3_moe_top8_e9_norm_mixed", 2), # sparse and dense layers mixed, top-8 of 9 experts, tied head
 ]
 
 
