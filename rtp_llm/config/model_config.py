@@ -31,7 +31,8 @@ ARCHITECTURES = {
 MODEL_TYPES = {"qwen_3": "qwen_3", "qwen3": "qwen_3", "qwen_2": "qwen_2", "qwen2": "qwen_2", "llama": "llama",
                "qwen_3_moe": "qwen_3_moe", "qwen3_moe": "qwen_3_moe", "qwen_2_moe": "qwen_2_moe",
                "qwen2_moe": "qwen_2_moe", "mixtral": "mixtral"}
-GGUF_ARCHITECTURES = {"qwen3": "qwen_3", "qwen2": "qwen_2", "llama": "llama"}
+GGUF_ARCHITECTURES = {"qwen3": "qwen_3", "qwen2": "qwen_2", "llama": "llama", "qwen3moe": "qwen_3_moe",
+                      "qwen2moe": "qwen_2_moe"}
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
            "float16": torch.float16, "half": torch.float16}
 
@@ -108,6 +109,22 @@ class MoEConfig:
 
     def routes(self, layer: int) -> bool:
         return layer not in self.mlp_only_layers and (layer + 1) % self.sparse_step == 0
+
+    @classmethod
+    def from_gguf(cls, meta: dict, arch: str, model_type: str) -> Optional["MoEConfig"]:
+        """llama.cpp's metadata: every layer routes; its graph renormalises Qwen3-MoE's and Mixtral's top-k weights
+        and not Qwen2-MoE's."""
+        p = f"{arch}."
+        experts = int(meta.get(p + "expert_count") or 0)
+        if not experts:
+            return None
+        scale = meta.get(p + "expert_weights_scale")
+        if scale not in (None, 0, 0.0, 1, 1.0):
+            raise CheckpointError(f"GGUF {p}expert_weights_scale = {scale}: scaled expert weights are not supported")
+        inter = meta.get(p + "expert_feed_forward_length") or meta[p + "feed_forward_length"]
+        return cls(num_experts=experts, top_k=int(meta[p + "expert_used_count"]), intermediate_size=int(inter),
+                   renormalize=model_type != "qwen_2_moe", weights_in_model_dtype=model_type != "mixtral",
+                   shared_intermediate_size=int(meta.get(p + "expert_shared_feed_forward_length") or 0))
 
     @classmethod
     def from_hf(cls, cfg: dict, model_type: str) -> Optional["MoEConfig"]:
@@ -238,6 +255,8 @@ class ModelConfig:
         else:
             raise UnknownArchitectureError(
                 f"unknown GGUF architecture {gguf_arch!r}; supported: {', '.join(GGUF_ARCHITECTURES)}")
+        if mt == "llama" and int(meta.get(f"{gguf_arch}.expert_count") or 0):
+            mt = "mixtral"  # llama.cpp writes Mixtral as a llama with experts
         arch = next(a for a, t in ARCHITECTURES.items() if t == mt)
         p = f"{gguf_arch}."
         try:
@@ -272,6 +291,7 @@ class ModelConfig:
                 dtype=torch.float32,
                 bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
                 eos_token_ids=[] if eos is None else [int(eos)],
+                moe=MoEConfig.from_gguf(meta, gguf_arch, mt),
             )
         except KeyError as exc:
             raise CheckpointError(f"GGUF metadata is missing {exc.args[0]!r}") from None

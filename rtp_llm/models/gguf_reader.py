@@ -1,7 +1,9 @@
 """GGUF files through the `gguf` package: metadata as plain Python values; tensors dequantized, or, for the
 block formats of rtp_llm/models/quantized.py when asked, kept as their blocks (QuantizedWeight).
 
-Tensor names are mapped to Hugging Face names. For the `llama` architecture llama.cpp's converter
+Tensor names are mapped to Hugging Face names; a mixture-of-experts layer's 3-D expert tensors
+(`ffn_{gate,up,down}_exps`, experts on the outer axis) become one matrix per expert, each kept as its own
+blocks. For the `llama` architecture llama.cpp's converter
 permutes the rows of Q and K (interleaved RoPE pairs); that is undone here, because this engine
 applies RoPE as the Hugging Face models do (rotate-half). Qwen2/Qwen3 files are not permuted.
 """
@@ -32,15 +34,24 @@ _LAYER = {
     "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+_EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 _GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
 def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face name; for 3-D expert tensors a template with `{e}` for the expert."""
     m = _BLK.match(gguf_name)
     if m:
         layer, part, kind = m.groups()
+        if part in _EXPERTS:
+            return f"model.layers.{layer}.mlp.experts.{{e}}.{_EXPERTS[part]}.{kind}"
         return f"model.layers.{layer}.{_LAYER[part]}.{kind}" if part in _LAYER else None
     base, _, kind = gguf_name.rpartition(".")
     return f"{_GLOBAL[base]}.{kind}" if base in _GLOBAL else None
@@ -83,6 +94,18 @@ class GGUFFile:
             if name is None:
                 continue  # e.g. rope_freqs: not used by these architectures
             fmt = t.tensor_type.name
+            if "{e}" in name:  # [experts, rows, cols]: one matrix per expert
+                experts, rows = int(t.shape[2]), int(t.shape[1])
+                if keep_quantized and fmt in BLOCK_BYTES:
+                    blocks = t.data.reshape(experts, rows, -1, BLOCK_BYTES[fmt])
+                    for e in range(experts):
+                        yield name.format(e=e), QuantizedWeight(blocks[e], fmt)
+                    continue
+                whole = np.asarray(self._gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+                whole = whole.reshape(experts, rows, int(t.shape[0]))
+                for e in range(experts):
+                    yield name.format(e=e), torch.from_numpy(np.array(whole[e], dtype=np.float32, order="C"))
+                continue
             if keep_quantized and fmt in BLOCK_BYTES and len(t.shape) == 2:
                 rows = int(t.shape[1])
                 blocks = t.data.reshape(rows, -1, BLOCK_BYTES[fmt])
@@ -92,6 +115,8 @@ class GGUFFile:
                 continue
             data = self._gguf.quants.dequantize(t.data, t.tensor_type)
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            if name.endswith("shared_expert_gate.weight"):
+                shape = (1, shape[-1])  # stored as a vector: the [1, hidden] matrix transformers holds
             arr = np.asarray(data, dtype=np.float32).reshape(shape)
             if unpermute_qk and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):
                 heads = num_heads if ".q_proj." in name else num_kv_heads

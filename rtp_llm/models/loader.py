@@ -72,8 +72,9 @@ def iter_checkpoint(path: str, config: ModelConfig, allow_pickle: bool = False,
     if gguf_path:
         from rtp_llm.models.gguf_reader import open_gguf
 
+        # llama.cpp's converter permutes Q and K of its llama architecture, Mixtral included
         yield from open_gguf(gguf_path).tensors(
-            config.num_heads, config.num_kv_heads, unpermute_qk=config.model_type == "llama",
+            config.num_heads, config.num_kv_heads, unpermute_qk=config.model_type in ("llama", "mixtral"),
             keep_quantized=keep_quantized)
         return
     files = _safetensors_files(path)

@@ -75,17 +75,18 @@ MOE_VARIANTS = {
                                                   decoder_sparse_step=2, tie_word_embeddings=False)),
     "qwen2_moe_shared": ("qwen2_moe", dict(num_attention_heads=4, num_key_value_heads=2, num_experts=6,
                                            num_experts_per_tok=2, moe_intermediate_size=32,
-                                           shared_expert_intermediate_size=48, tie_word_embeddings=False)),
+                                           shared_expert_intermediate_size=64, tie_word_embeddings=False)),
     "mixtral_top2_e5": ("mixtral", dict(num_attention_heads=4, num_key_value_heads=2, num_local_experts=5,
-                                        num_experts_per_tok=2, intermediate_size=48, tie_word_embeddings=False)),
+                                        num_experts_per_tok=2, intermediate_size=64, tie_word_embeddings=False)),
 }
 
 
-def make_checkpoint(path, variant: str, seed: int = 0):
-    """Writes config.json + model.safetensors into path; returns the transformers model (float32, eval)."""
+def make_checkpoint(path, variant: str, seed: int = 0, overrides: dict | None = None):
+    """Writes config.json + model.safetensors into path; returns the transformers model (float32, eval).
+    overrides: config fields over the variant's (e.g. sizes of whole GGUF blocks)."""
     import transformers as tf
 
-    arch, overrides = {**VARIANTS, **NPU_VARIANTS, **TP_VARIANTS, **FULL_VOCAB_VARIANTS, **MOE_VARIANTS}[variant]
+    arch, fields = {**VARIANTS, **NPU_VARIANTS, **TP_VARIANTS, **FULL_VOCAB_VARIANTS, **MOE_VARIANTS}[variant]
     config_cls, model_cls = {"qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM), "qwen2": (tf.Qwen2Config,
                                                                                        tf.Qwen2ForCausalLM),
                              "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
@@ -94,7 +95,8 @@ def make_checkpoint(path, variant: str, seed: int = 0):
                              "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM)}[arch]
     base = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                 max_position_embeddings=512, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    base.update(overrides)
+    base.update(fields)
+    base.update(overrides or {})
     torch.manual_seed(seed)
     model = model_cls(config_cls(**base)).eval()
     # Random init leaves some parameters (norms, biases) at constants; perturb them so a wrong
