@@ -66,6 +66,39 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+def route(logits: torch.Tensor, top_k: int, renormalize: bool,
+          weights_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A mixture-of-experts router's choice: (weights [T, top_k], expert ids [T, top_k] int64) from router logits
+    [T, E]: softmax in float32 over every expert, torch.topk's choice and order (ties: torch.topk's), renormalised
+    to sum 1 if asked; weights_dtype: what the weights are rounded to before the products (None: float32)."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return (weights if weights_dtype is None else weights.to(weights_dtype)), ids
+
+
+def moe_experts(ops, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts) -> torch.Tensor:
+    """sum over each token's experts e of weights * experts[e](h), in ascending expert order from zero (as
+    transformers adds them); experts: gated MLPs (.gate_up, .down) run by ops.mlp. Tokens are grouped by expert,
+    so each routed expert's weights are read once, and an expert no token routes to is not read at all."""
+    out = torch.zeros_like(h)
+    flat = ids.flatten()
+    order = torch.argsort(flat, stable=True)  # by expert, then by token
+    tokens = order // ids.shape[1]
+    scales = weights.flatten()[order].unsqueeze(-1)
+    start = 0
+    for expert, count in enumerate(torch.bincount(flat, minlength=len(experts)).tolist()):
+        if count == 0:
+            continue
+        rows = tokens[start:start + count]
+        mlp = experts[expert]
+        y = ops.mlp(h.index_select(0, rows), mlp.gate_up, mlp.down)
+        out.index_add_(0, rows, (y * scales[start:start + count]).to(out.dtype))
+        start += count
+    return out
+
+
 # --- linear kernels -----------------------------------------------------------------------------------------
 class TorchLinear:
     """x @ weight^T (+ bias) with torch's GEMM on the plain weight."""
@@ -122,6 +155,17 @@ class TorchOps:
         """A callable running every decoder layer of a step in one call, or None where this op set has none
         (the model then runs its layers one by one). Built once, after prepare_linears."""
         return None
+
+    def prepare_moe(self, block) -> None:
+        """Called once per mixture-of-experts block (rtp_llm/layers/moe.py), before prepare_linears: a device may
+        take its experts' weights into a grouped kernel's layout here."""
+
+    def route(self, logits: torch.Tensor, top_k: int, renormalize: bool, weights_dtype):
+        return route(logits, top_k, renormalize, weights_dtype)
+
+    def moe_experts(self, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, block) -> torch.Tensor:
+        """The routed experts' weighted sum for each token (block: the SparseMoE, its experts in block.experts)."""
+        return moe_experts(self, h, weights, ids, block.experts)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return rms_norm(x, weight, eps)

@@ -121,6 +121,9 @@ class DecoderLM(nn.Module):
     def prepare(self) -> None:
         """After the weights are loaded: the device picks (and packs for) each linear layer's kernel, and the row
         lookup of an embedding kept as blocks."""
+        for layer in self.layers:  # before the linears: a device may take the experts into its own layout
+            if layer.moe:
+                self.ops.prepare_moe(layer.mlp)
         self.ops.prepare_linears([lin for layer in self.layers for lin in layer.linears()], self.head)
         if self.embed_quantized is not None:
             self.embed_rows = self.ops.quantized_embedding(self.embed_quantized, self.head if self.head.tied else None,

@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rtp_llm.device import get_device
-from rtp_llm.layers.moe import SparseMoE, route
+from rtp_llm.device.torch_ops import route
+from rtp_llm.layers.moe import SparseMoE
 from rtp_llm.models.registry import load_model
 from rtp_llm.sampling import SamplingParams
 from tests.engine.helpers import Tiny, run_all

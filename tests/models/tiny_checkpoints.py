@@ -38,6 +38,15 @@ NPU_VARIANTS = {
                                  tie_word_embeddings=False)),
     "llama_hd64": ("llama", dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=1,
                                  tie_word_embeddings=True)),
+    "qwen3_moe_hd64": ("qwen3_moe", dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                                         num_experts=6, num_experts_per_tok=2, moe_intermediate_size=64,
+                                         norm_topk_prob=True, tie_word_embeddings=False)),
+    "qwen2_moe_hd64": ("qwen2_moe", dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
+                                         num_experts=5, num_experts_per_tok=2, moe_intermediate_size=64,
+                                         shared_expert_intermediate_size=96, tie_word_embeddings=False)),
+    "mixtral_hd64": ("mixtral", dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
+                                     num_local_experts=4, num_experts_per_tok=2, intermediate_size=64,
+                                     tie_word_embeddings=True)),
 }
 
 # Tensor-parallel shapes (tests/distributed): fewer KV heads than ranks; SmolLM2's uneven 9 query / 3 KV

