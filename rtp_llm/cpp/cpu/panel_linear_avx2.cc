@@ -59,11 +59,18 @@ struct Bf16Pairs {
     static void store(Out* out, __m256 v) { vec::store8(out, v); }  // round to nearest even
 };
 
+// Lines of the next panel a tile asks L2 for while it computes from the current one, spread evenly over its k steps
+// (the strips compute from L2 and leave the memory bus idle; the next panel's first pass then finds it there).
+struct Prefetch {
+    const char* at = nullptr;
+    int64_t lines = 0;
+};
+
 // out[r, 0:cols] = x[r, :] . panel columns [0, 8 V) (+ bias) for MR rows; w: the panel at the tile's first column
 // (rows kPanelCols apart), xs: MR float rows of k * kSub values, ldx apart; k: steps (fp32: K; bf16: pairs).
 template <typename E, int MR, int V>
 void tile(const typename E::W* w, const float* xs, int64_t ldx, int64_t k, const float* bias, typename E::Out* out,
-          int64_t ldo, int cols) {
+          int64_t ldo, int cols, Prefetch pf = {}) {
     // every loop over rows, columns and halves unrolled in full: otherwise GCC may keep acc in memory
     __m256 acc[MR][V];
     #pragma GCC unroll 16
@@ -73,7 +80,11 @@ void tile(const typename E::W* w, const float* xs, int64_t ldx, int64_t k, const
     // k >= 1 (pack_panels takes no empty weight): told to GCC, which otherwise writes acc back to the stack at
     // every step for the case of a loop that never runs
     if (k < 1) __builtin_unreachable();
+    const char* ahead = pf.at;
+    int64_t due = 0;
     for (int64_t i = 0; i < k; ++i) {
+        for (due += pf.lines; due >= k; due -= k, ahead += 64)  // asm: a prefetch builtin stops GCC's store motion
+            asm volatile("prefetcht1 (%0)" ::"r"(ahead));
         #pragma GCC unroll 16
         for (int h = 0; h < E::kSub; ++h) {
             if constexpr (MR * V + MR + 1 <= 16) {  // wide tiles: x broadcast first, one panel vector at a time
@@ -123,7 +134,7 @@ void tile(const typename E::W* w, const float* xs, int64_t ldx, int64_t k, const
 
 template <typename E>
 using StripFn = void (*)(const typename E::W*, const float*, int64_t, int64_t, const float*, typename E::Out*,
-                         int64_t, int);
+                         int64_t, int, Prefetch);
 template <typename E>
 constexpr StripFn<E> kStrips[kTileRows + 1] = {nullptr, &tile<E, 1, 2>, &tile<E, 2, 2>, &tile<E, 3, 2>,
                                                &tile<E, 4, 2>, &tile<E, 5, 2>, &tile<E, 6, 2>};
@@ -132,7 +143,7 @@ constexpr StripFn<E> kStrips[kTileRows + 1] = {nullptr, &tile<E, 1, 2>, &tile<E,
 // chains, one sequential stream); more take it in 16-column strips of 6-row tiles (2 panel loads per 12 FMAs).
 template <typename E>
 void panel_rows(const typename E::W* pan, const float* xs, int64_t ldx, int64_t k, const float* bias,
-                typename E::Out* out, int64_t ldo, int cols, int64_t rows) {
+                typename E::Out* out, int64_t ldo, int cols, int64_t rows, const typename E::W* next) {
     if (rows == 1) return tile<E, 1, kPanelCols / 8>(pan, xs, ldx, k, bias, out, ldo, cols);
     // the first two rows take the panel whole: one sequential stream from memory, which leaves the panel in L2
     // for the strips
@@ -141,15 +152,21 @@ void panel_rows(const typename E::W* pan, const float* xs, int64_t ldx, int64_t 
     out += 2 * ldo;
     rows -= 2;
     if (rows == 0) return;
+    // rows split evenly over the fewest tiles: 32 rows as 6,6,5,5,5,5, not 6 x 5 + 2 (a tile under 5 rows waits on
+    // FMA latency, so it costs nearly as much as a full one)
+    const int64_t tiles = (rows + kTileRows - 1) / kTileRows, base = rows / tiles, extra = rows % tiles;
+    const int64_t strips = (cols + kStripCols - 1) / kStripCols;
+    const int64_t lines = next ? k * kPanelCols * static_cast<int64_t>(sizeof(typename E::W)) / 64 : 0;
+    int64_t given = 0, tile_index = 0;
     for (int c0 = 0; c0 < cols; c0 += kStripCols) {
         const int n = std::min(kStripCols, cols - c0);
         const float* b = bias ? bias + c0 : nullptr;
-        // rows split evenly over the fewest tiles: 32 rows as 6,6,5,5,5,5, not 6 x 5 + 2 (a tile under 5 rows
-        // waits on FMA latency, so it costs nearly as much as a full one)
-        const int64_t tiles = (rows + kTileRows - 1) / kTileRows, base = rows / tiles, extra = rows % tiles;
         for (int64_t t = 0, r = 0; t < tiles; ++t) {
             const int64_t mr = base + (t < extra ? 1 : 0);
-            kStrips<E>[mr](pan + c0, xs + r * ldx, ldx, k, b, out + r * ldo + c0, ldo, n);
+            const int64_t upto = lines * ++tile_index / (strips * tiles);
+            const Prefetch pf{reinterpret_cast<const char*>(next) + 64 * given, upto - given};
+            given = upto;
+            kStrips<E>[mr](pan + c0, xs + r * ldx, ldx, k, b, out + r * ldo + c0, ldo, n, pf);
             r += mr;
         }
     }
@@ -165,8 +182,10 @@ void panel_gemm(const typename E::W* panels, const float* xs, const float* bias,
             for (int64_t q = begin; q < end; ++q) {
                 const int cols = static_cast<int>(std::min<int64_t>(kPanelCols, n - q * kPanelCols));
                 const float* b = bias ? bias + q * kPanelCols : nullptr;
+                const int64_t after = q + 1 < end ? q + 1 : parallel_for_next_begin();  // this thread's next panel
+                const typename E::W* next = after > q && after < np ? panels + after * k * kPanelCols : nullptr;
                 panel_rows<E>(panels + q * k * kPanelCols, xs + r0 * ldx, ldx, k, b, out + r0 * n + q * kPanelCols, n,
-                              cols, rows);
+                              cols, rows, next);
             }
         });
     }
