@@ -90,3 +90,23 @@ class StaticRunner:
             for sid in ids:
                 m.free(sid)
         return outs
+
+
+def assert_blocks_match_reference(model, dense, cfg, prompts, reference, steps: int) -> None:
+    """A GGUF model kept as stored (model) and the same file dequantized at load (dense), greedy over `prompts`:
+    the same tokens as reference(prompt, steps) -> (tokens, logits), logits within 1e-3 of its, and (AVX-512, where
+    the blocks run the fp32 panels' sums) bit for bit the dequantized model's logits."""
+    import torch
+
+    from rtp_llm.sampling import SamplingParams
+
+    params = SamplingParams(max_tokens=steps, temperature=0, ignore_eos=True)
+    ours = StaticRunner(model, cfg, num_blocks=32, block_size=16).generate(prompts, params, keep_logits=True)
+    plain = StaticRunner(dense, cfg, num_blocks=32, block_size=16).generate(prompts, params, keep_logits=True)
+    for prompt, out, out_dense in zip(prompts, ours, plain):
+        tokens, logits = reference(prompt, steps)
+        assert out.token_ids == tokens == out_dense.token_ids
+        for mine, theirs in zip(out.logits, logits):
+            assert (mine - theirs).abs().max().item() < 1e-3
+        if model.ops.kernels.cpu_isa() == "avx512":
+            assert all(torch.equal(a, b) for a, b in zip(out.logits, out_dense.logits))

@@ -19,7 +19,7 @@ from rtp_llm.models.default_model import default_model_path
 from rtp_llm.models.registry import load_model
 from rtp_llm.sampling import SamplingParams
 from tests.models.bf16_rule import assert_engines_agree, assert_transformers_agree, margin_of, reference_logits
-from tests.models.static_generate import StaticRunner
+from tests.models.static_generate import StaticRunner, assert_blocks_match_reference
 from tests.models.tiny_gguf import write_tiny_gguf
 
 FORMATS = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
@@ -69,16 +69,7 @@ def test_tiny_model_matches_transformers_on_the_same_file(tiny):
     assert_runs_as_stored(model, fmt, fmt)
     dense, _ = load_model(path, ops=CpuOps(gguf_blocks="on"), quantization="none")
     assert all(lin.quantized is None for layer in dense.layers for lin in layer.linears())
-    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-    ours = StaticRunner(model, cfg, num_blocks=32, block_size=16).generate(PROMPTS, params, keep_logits=True)
-    plain = StaticRunner(dense, cfg, num_blocks=32, block_size=16).generate(PROMPTS, params, keep_logits=True)
-    for prompt, out, out_dense in zip(PROMPTS, ours, plain):
-        tokens, logits = hf_reference(path, prompt, 12)
-        assert out.token_ids == tokens == out_dense.token_ids
-        for mine, theirs in zip(out.logits, logits):
-            assert (mine - theirs).abs().max().item() < 1e-3
-        if model.ops.kernels.cpu_isa() == "avx512":  # the blocks run the fp32 panels' sums: the dequantized bits
-            assert all(torch.equal(a, b) for a, b in zip(out.logits, out_dense.logits))
+    assert_blocks_match_reference(model, dense, cfg, PROMPTS, lambda prompt, n: hf_reference(path, prompt, n), 12)
 
 
 def test_a_qkv_mixing_q5_0_and_q8_0_stays_quantized_as_q8_0(tmp_path):

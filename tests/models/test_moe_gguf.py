@@ -4,14 +4,12 @@ from the same blocks (the same greedy tokens, logits within 1e-3), and (AVX-512)
 file dequantized at load."""
 
 import pytest
-import torch
 
 from rtp_llm.device.cpu.ops import CpuOps
 from rtp_llm.layers.moe import SparseMoE
 from rtp_llm.models.registry import load_model
-from rtp_llm.sampling import SamplingParams
 from tests.models.parity import hf_greedy
-from tests.models.static_generate import StaticRunner
+from tests.models.static_generate import assert_blocks_match_reference
 from tests.models.tiny_checkpoints import make_checkpoint
 from tests.models.tiny_gguf import K_QUANT_SCALE, write_moe_gguf
 
@@ -49,13 +47,4 @@ def test_experts_kept_as_stored_match_transformers_on_the_dequantized_values(tmp
             for lin in (mlp.gate_up, mlp.down):
                 assert lin.quantized is not None and lin.quantized.format == fmt and lin.weight.numel() == 0
     assert all(lin.quantized is None for layer in dense.layers for lin in layer.linears())
-    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
-    ours = StaticRunner(model, cfg, num_blocks=32, block_size=16).generate(PROMPTS, params, keep_logits=True)
-    plain = StaticRunner(dense, cfg, num_blocks=32, block_size=16).generate(PROMPTS, params, keep_logits=True)
-    for prompt, out, out_dense in zip(PROMPTS, ours, plain):
-        tokens, logits = hf_greedy(hf, prompt, 10)
-        assert out.token_ids == tokens == out_dense.token_ids
-        for mine, theirs in zip(out.logits, logits):
-            assert (mine - theirs).abs().max().item() < 1e-3
-        if model.ops.kernels.cpu_isa() == "avx512":  # the blocks run the fp32 panels' sums: the dequantized bits
-            assert all(torch.equal(a, b) for a, b in zip(out.logits, out_dense.logits))
+    assert_blocks_match_reference(model, dense, cfg, PROMPTS, lambda prompt, n: hf_greedy(hf, prompt, n), 10)
