@@ -137,7 +137,9 @@ def main():
                 servers[kind] = _start(kind, model, dtype, args.baseline)
                 _bench(servers[kind][1], model, 2, 2, 0)  # warm-up
             for rnd in range(args.rounds):
-                results.setdefault(dtype, {}).setdefault("offline_b1_tpot_ms", []).extend(_offline(model, dtype, 2))
+                offline = _offline(model, dtype, 2)
+                results.setdefault(dtype, {}).setdefault("offline_b1_tpot_ms", []).extend(offline)
+                results[dtype].setdefault("offline_b1_round_medians", []).append(statistics.median(offline))
                 for c in args.concurrency:
                     order = kinds if rnd % 2 == 0 else kinds[::-1]
                     for kind in order:
@@ -164,6 +166,10 @@ def main():
                 tpots = [r["tpot_ms"] for r in by["c1"]["rtp_llm"]]
                 print(f"  c=1 rtp_llm serving TPOT / offline B1 TPOT (medians): "
                       f"{statistics.median(tpots) / statistics.median(off):.3f}")
+                # the VM's speed moves between minutes: each round's serving TPOT over the offline B1 measured
+                # just before it
+                same = [t / o for t, o in zip(tpots, by["offline_b1_round_medians"])]
+                print(f"  c=1 rtp_llm serving / offline B1 TPOT, same round: {_mmm(same)}")
             if "vllm" in kinds and "rtp_llm" in kinds:
                 ratio = [a["tok_s"] / b["tok_s"] for a, b in zip(by[f"c{c}"]["rtp_llm"], by[f"c{c}"]["vllm"])]
                 print(f"  c={c} rtp_llm / vllm output tok/s, same round: {_mmm(ratio)}")
