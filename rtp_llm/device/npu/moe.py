@@ -46,7 +46,7 @@ class NpuExperts:
         self.num_experts = len(w13)
 
 
-def prepare(torch_npu, block) -> None:
+def prepare(block) -> None:
     dequantized: list = []
     block.npu_experts = NpuExperts(block, dequantized)
     if dequantized:

@@ -90,7 +90,7 @@ class NpuOps(TorchOps):
 
     def prepare_moe(self, block) -> None:
         if block.router.weight.dtype in moe.UNPERMUTE_DTYPES:
-            moe.prepare(self.torch_npu, block)
+            moe.prepare(block)
 
     def route(self, logits, top_k, renormalize, weights_dtype):
         return moe.route(self.torch_npu, logits, top_k, renormalize, weights_dtype)
