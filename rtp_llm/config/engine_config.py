@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
+
+from rtp_llm.config.speculative_config import SpeculativeConfig
 
 
 @dataclass
@@ -31,6 +33,9 @@ class EngineConfig:
     tp_size: int = 1                        # tensor-parallel ranks (rtp_llm/distributed/)
     tp_timeout_s: float = 120.0             # a collective waiting longer than this fails (a hung rank)
     tp_heartbeat_timeout_s: float = 10.0    # a worker silent this long is reported dead
+    # Speculative decoding: vLLM's speculative_config (a JSON string or a dict); None = off. Read into
+    # `speculative` (config/speculative_config.py).
+    speculative_config: Optional[Union[str, dict]] = None
     # Settings only one device reads, by name (e.g. "cpu_gemv_weights"); that device validates them.
     device_options: dict[str, str] = field(default_factory=dict)
 
@@ -53,6 +58,7 @@ class EngineConfig:
         for name, ok in checks:
             if not ok:
                 raise ValueError(f"invalid {name}: {getattr(self, name)!r}")
+        self.speculative: Optional[SpeculativeConfig] = SpeculativeConfig.parse(self.speculative_config)
 
     @property
     def prefill_chunk(self) -> int:

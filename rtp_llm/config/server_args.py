@@ -52,6 +52,13 @@ def _opt_float(v: str) -> Optional[float]:
     return None if str(v).lower() in ("", "none", "auto") else float(v)
 
 
+def _speculative(v: str) -> Optional[str]:
+    """vLLM's --speculative_config JSON, checked here so a bad one is a one-line error naming the flag."""
+    from rtp_llm.config.speculative_config import SpeculativeConfig
+
+    return v if SpeculativeConfig.parse(_opt_str(v)) is not None else None
+
+
 @dataclass(frozen=True)
 class Flag:
     name: str
@@ -109,6 +116,10 @@ FLAGS = [
     _engine_flag("tp_heartbeat_timeout", "TP_HEARTBEAT_TIMEOUT", float,
                  "seconds without a worker heartbeat before the server reports that rank dead and exits",
                  "tp_heartbeat_timeout_s"),
+    _engine_flag("speculative_config", "SPECULATIVE_CONFIG", _speculative,
+                 "speculative decoding, vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                 "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 5} or {\"method\": \"draft_model\", \"model\": "
+                 "PATH, \"num_speculative_tokens\": 4}; outputs are the same bits as without it (docs/speculative.md)"),
     Flag("cpu_gemv_weights", "CPU_GEMV_WEIGHTS", str, "auto",
          "CPU, where linear layers run on oneDNN (bf16 without avx512_bf16; fp32 without AVX-512): also keep plain "
          "weight copies for the GEMV kernel of steps of few rows (it streams weights faster than the packed GEMM; "

@@ -105,6 +105,7 @@ class EngineCore:
         self.runner = ModelRunner(model, mc, num_blocks, self.block_size, self.device, config.attention_backend, tp,
                                   self.grammars)
         self.output = OutputProcessor(self.max_model_len)
+        self.speculator = self._speculator(config)
         self.requests: dict[str, Request] = {}
         self._rng = random.Random(config.seed)
         self._seq_ids = itertools.count(1)
@@ -116,6 +117,20 @@ class EngineCore:
                  "%.1f", num_blocks - 1, self.block_size, capacity, self.runner.kv.nbytes / _GiB,
                  f" on rank 0 of {tp.size}" if tp else "", self.max_model_len, capacity / self.max_model_len)
 
+    def _speculator(self, config: EngineConfig):
+        spec = config.speculative
+        if spec is None:
+            return None
+        from rtp_llm.spec_decode import Speculator, make_proposer
+
+        spec.check_device(self.device.name)
+        proposer = make_proposer(spec, target=self)
+        log.info("speculative decoding: %s, %d tokens per step%s; no step speculates above %s running decodes",
+                 spec.method, spec.num_speculative_tokens,
+                 f", lookup {spec.prompt_lookup_min}..{spec.prompt_lookup_max} tokens" if spec.method == "ngram"
+                 else f", draft model {spec.model}", spec.disable_by_batch_size or "the default")
+        return Speculator(spec, proposer, self.max_model_len)
+
     def close(self) -> None:
         """Stops tensor-parallel workers (if any) and leaves the process group. Idempotent."""
         runtime, self.tp_runtime = getattr(self, "tp_runtime", None), None
@@ -124,6 +139,9 @@ class EngineCore:
         pool, self._grammar_pool = getattr(self, "_grammar_pool", None), None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+        spec, self.speculator = getattr(self, "speculator", None), None
+        if spec is not None:
+            spec.close()
 
     # --- requests ----------------------------------------------------------------------------------------------
     @property
@@ -214,7 +232,12 @@ class EngineCore:
         self._expire()
         self._admit_compiled()
         outputs, self._pending = self._pending, []
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.decoding())
         sched = self.scheduler.schedule()
+        if self.speculator is not None:
+            for seq in sched.preempted:
+                self.speculator.release(seq)
         if not sched.scheduled:
             return outputs
         self.counters["steps"] += 1
@@ -245,23 +268,37 @@ class EngineCore:
             if start <= len(done):  # a recompute after preemption re-reads positions it already has
                 done.extend(lps[len(done) - start:])
         deltas: dict[Sequence, StepDelta] = {}
+        kept: dict[Sequence, int] = {}  # speculating sequences: the rows whose sample was appended
+        ends: dict[Sequence, tuple] = {}  # speculating sequences that stopped: finished once their KV is settled
+        ids = result.token_ids
         for i, (seq, _) in enumerate(sched.sample_rows):
             req = seq.request
-            if seq.finished:
-                continue
+            j = sched.sample_ahead[i]
+            if seq.finished or seq in ends or (j and (kept.get(seq) != j or ids[i - 1] != seq.draft[j - 1])):
+                continue  # row j counts only while every draft before it equals the sample of the row before
+            if seq.draft:
+                kept[seq] = j + 1
             lp = None
             if req.params.logprobs is not None:
                 n = req.params.logprobs
                 top = list(zip(result.top_ids[i][:n], result.top_logprobs[i][:n])) if result.top_ids else []
-                lp = TokenLogprob(result.token_ids[i], result.logprobs[i], top)
+                lp = TokenLogprob(ids[i], result.logprobs[i], top)
             try:
                 self.counters["generation_tokens"] += 1
-                end = self.output.append(seq, result.token_ids[i], lp, deltas.setdefault(seq, StepDelta()))
+                end = self.output.append(seq, ids[i], lp, deltas.setdefault(seq, StepDelta()))
                 if end is not None:
-                    self._finish(seq, *end)
+                    if seq.draft:
+                        ends[seq] = end
+                    else:
+                        self._finish(seq, *end)
             except Exception as exc:
                 log.exception("post-processing failed for request %s", req.request_id)
                 self.abort(req.request_id, FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
+        for x in sched.scheduled:
+            if x.draft:
+                self._settle(x, kept.get(x.seq, 0))
+        for seq, end in ends.items():  # as plain decoding leaves it: KV for every token but the last
+            self._finish(seq, *end)
         outputs = []
         for req in {s.request for s in deltas}:
             if req.request_id not in self.requests:
@@ -270,6 +307,17 @@ class EngineCore:
             if req.finished:
                 self._retire(req)
         return outputs
+
+    def _settle(self, x, rows: int) -> None:
+        """A speculating sequence kept `rows` samples (its accepted drafts and the bonus token): the KV of the
+        rejected drafts goes back."""
+        seq = x.seq
+        accepted = max(rows - 1, 0)
+        self.speculator.verified(seq, len(x.draft), accepted)
+        if seq.finished:  # aborted in the step: its blocks are gone already
+            seq.draft = []
+            return
+        self.scheduler.settle_speculation(seq, x.start + 1 + accepted)
 
     def _count_prompt_tokens(self, sched: SchedulerOutput) -> None:
         for x in sched.scheduled:
@@ -288,6 +336,8 @@ class EngineCore:
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
         self.scheduler.finish(seq)
+        if self.speculator is not None:
+            self.speculator.release(seq)
         if seq.request.finished and seq.request.finish_time is None:
             seq.request.finish_time = time.monotonic()
 
@@ -310,4 +360,5 @@ class EngineCore:
             "prefix_hit_tokens": s.prefix_hit_tokens,
             "preemptions": self.scheduler.num_preemptions,
             **self.counters,
+            **(self.speculator.stats() if self.speculator is not None else {}),
         }

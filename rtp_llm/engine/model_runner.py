@@ -71,7 +71,7 @@ class ModelRunner:
                 raise
             # The other ranks may be inside this step's collectives: they cannot be resynchronised.
             raise TPWorkerError(f"tensor-parallel step failed on rank 0: {type(exc).__name__}: {exc}") from exc
-        result = self._sample(out, sched.sample_rows)
+        result = self._sample(out, sched.sample_rows, sched.sample_ahead)
         result.prompt_logprobs = [self._prompt_logprobs(out, *rows) for rows in sched.prompt_rows]
         return result
 
@@ -111,34 +111,57 @@ class ModelRunner:
     def _greedy_step(sched: SchedulerOutput) -> bool:
         """Whether only each sampled row's argmax is needed: every sample greedy with nothing reshaping its logits,
         no sibling to fork, no stop token banned yet by min_tokens."""
-        return all(GreedyTokens.applies(s.request.params) and not s.stop_ids_banned for s, _ in sched.sample_rows)
+        return all(GreedyTokens.applies(s.request.params) and not s.bans_stop_ids(j)
+                   for (s, _), j in zip(sched.sample_rows, sched.sample_ahead))
 
-    def _sample(self, logits, rows) -> RunnerOutput:
+    def _sample(self, logits, rows, ahead=None) -> RunnerOutput:
+        """Samples every row; a speculating sequence's row j (ahead[i] = j) as plain decoding would sample it after
+        its first j drafts: those count as output for penalties, bad words, min_tokens, the grammar and the seeded
+        draw's step."""
         if not rows:
             return RunnerOutput([])
+        ahead = ahead or [0] * len(rows)
         if isinstance(logits, GreedyTokens):  # the model already took each row's argmax
             ids = logits.token_ids.cpu().tolist()
             return RunnerOutput([ids[r] for _, r in rows])
         if len(rows) != logits.shape[0] or any(i != r for i, (_, r) in enumerate(rows)):
             logits = logits.index_select(0, torch.tensor([r for _, r in rows], dtype=torch.long).to(logits.device))
         seqs = [s for s, _ in rows]
+        outputs = [s.output + s.draft[:j] if j else s.output for s, j in zip(seqs, ahead)]
         batch = SamplingBatch.build([s.request.params for s in seqs], [s.seed for s in seqs],
-                                    [len(s.output) for s in seqs], [s.prompt for s in seqs], [s.output for s in seqs],
+                                    [len(o) for o in outputs], [s.prompt for s in seqs], outputs,
                                     logits.shape[-1], logits.device)
-        banned = [(i, t) for i, s in enumerate(seqs) if s.stop_ids_banned for t in s.request.min_tokens_ids]
+        banned = [(i, t) for i, (s, j) in enumerate(zip(seqs, ahead)) if s.bans_stop_ids(j)
+                  for t in s.request.min_tokens_ids]
         if banned:  # min_tokens: stop tokens cannot be generated yet
             bi = torch.tensor([b[0] for b in banned]).to(logits.device)
             bt = torch.tensor([b[1] for b in banned]).to(logits.device)
             logits = logits.clone()
             logits[bi, bt] = float("-inf")
-        constrained = [(i, s.grammar) for i, s in enumerate(seqs) if s.grammar is not None and s.grammar.active]
-        if constrained:  # the masks are computed on the host, then applied where the logits are
-            allowed = self.grammars.masks([g for _, g in constrained], logits.shape[-1])
-            batch.grammar = (torch.tensor([i for i, _ in constrained], dtype=torch.long).to(logits.device),
-                             allowed.to(logits.device))
+        grammar = self._grammar_masks(seqs, ahead, logits.shape[-1])
+        if grammar is not None:
+            batch.grammar = (grammar[0].to(logits.device), grammar[1].to(logits.device))
         out = self.sampler(logits, batch)
         # The only device -> host copies of a step: R token ids (and logprobs when asked).
         return RunnerOutput(out.token_ids.cpu().tolist(),
                             out.logprobs.cpu().tolist() if out.logprobs is not None else None,
                             out.top_ids.cpu().tolist() if out.top_ids is not None else None,
                             out.top_logprobs.cpu().tolist() if out.top_logprobs is not None else None)
+
+    def _grammar_masks(self, seqs, ahead, vocab: int):
+        """(rows, allowed [G, vocab]) of the constrained rows, computed on the host; a speculating sequence's rows
+        from its matcher walked along its drafts (and back)."""
+        plain = [(i, s.grammar) for i, s in enumerate(seqs) if s.grammar is not None and s.grammar.active
+                 and not s.draft]
+        spec = [(i, s) for i, (s, j) in enumerate(zip(seqs, ahead)) if j == 0 and s.draft and s.grammar is not None
+                and s.grammar.active]
+        if not plain and not spec:
+            return None
+        rows, masks = [], []
+        if plain:
+            rows += [i for i, _ in plain]
+            masks.append(self.grammars.masks([g for _, g in plain], vocab))
+        for i, s in spec:
+            rows += range(i, i + len(s.draft) + 1)
+            masks.append(self.grammars.masks_along(s.grammar, s.draft, vocab))
+        return torch.tensor(rows, dtype=torch.long), torch.cat(masks)

@@ -2,7 +2,7 @@
 block accounting (the C++ KVCacheManager): every block a sequence holds was taken here and is freed here.
 
 Order of work in a step:
-  1. running decodes (one token each), in admission order;
+  1. running decodes (one token each; a speculating one its last token and its drafts), in admission order;
   2. running prefills that are part-way through (chunked prefill), in admission order;
   3. waiting sequences, FIFO (preempted ones first), while the budgets and the KV pool allow.
 A prefill never takes more than `prefill_chunk` tokens per step, so a long prompt does not stall
@@ -44,10 +44,11 @@ class ScheduledSeq:
     slots: np.ndarray       # their KV slots
     needs_sample: bool      # the chunk reaches the end: sample the next token from its last row
     all_rows: bool = False  # every row's logits (prompt logprobs), not only the last
+    draft: list[int] = field(default_factory=list)  # speculation: tokens[1:], each of whose rows samples too
 
     @property
     def need_logits(self) -> int:
-        return ForwardBatch.LOGITS_ALL if self.all_rows else int(self.needs_sample)
+        return ForwardBatch.LOGITS_ALL if self.all_rows or self.draft else int(self.needs_sample)
 
 
 @dataclass
@@ -58,6 +59,8 @@ class SchedulerOutput:
     block_table: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.int32))  # [B, W] int32
     # (sequence, logits row) for every token to sample (rows: the items' LOGITS_* rows, in order)
     sample_rows: list[tuple[Sequence, int]] = field(default_factory=list)
+    # per sample row: how many of its sequence's drafts precede it (0 but for a speculating sequence's later rows)
+    sample_ahead: list[int] = field(default_factory=list)
     # (sequence, first position, first logits row, rows) of every item whose rows all have logits
     prompt_rows: list[tuple[Sequence, int, int, int]] = field(default_factory=list)
 
@@ -97,6 +100,7 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self._free(seq)
+        seq.draft = []
         seq.state = SeqState.FINISHED
 
     def fork_siblings(self, out: SchedulerOutput) -> None:
@@ -119,6 +123,7 @@ class Scheduler:
         self.running.remove(seq)
         self._free(seq)
         seq.state = SeqState.WAITING
+        seq.draft = []
         seq.preemptions += 1
         self.num_preemptions += 1
         out.preempted.append(seq)
@@ -132,9 +137,10 @@ class Scheduler:
         budget = self.max_tokens
         m = self.manager
 
-        # 1. Running decodes: one batched slot allocation, preempting the newest until it fits.
+        # 1. Running decodes: one batched slot allocation, preempting the newest until it fits. Sequences with
+        # drafts (speculation) come after, each with its own allocation.
         while True:
-            decodes = [s for s in self.running if self._is_decode(s)]
+            decodes = [s for s in self.running if self._is_decode(s) and not s.draft]
             decodes = decodes[:budget]
             if not decodes:
                 break
@@ -152,12 +158,17 @@ class Scheduler:
                 s.num_computed_tokens += 1
             budget -= len(decodes)
             break
+        for s in [s for s in self.running if s.draft]:
+            if budget <= 0:
+                break
+            if s.state == SeqState.RUNNING and self._is_decode(s) and self._schedule_speculative(s, budget, out):
+                budget -= len(out.scheduled[-1].tokens)
 
         # 2. Running prefills part-way through.
         for s in list(self.running):
             if budget <= 0:
                 break
-            if s.state != SeqState.RUNNING or s.remaining == 0 or self._is_decode(s):
+            if s.state != SeqState.RUNNING or s.remaining <= 0 or self._is_decode(s):  # < 0: drafts scheduled
                 continue
             if not self._schedule_chunk(s, budget, out, preempt=True):
                 continue
@@ -211,11 +222,52 @@ class Scheduler:
             if not x.needs_sample:
                 row += int(x.all_rows)
                 continue
+            if x.draft:
+                out.sample_rows.extend((x.seq, row + j) for j in range(len(x.tokens)))
+                out.sample_ahead.extend(range(len(x.tokens)))
+                row += len(x.tokens)
+                continue
             out.sample_rows.append((x.seq, row))
             if x.seq.index == 0:
                 out.sample_rows.extend((sib, row) for sib in x.seq.request.sequences[1:]
                                        if sib.state == SeqState.PENDING_FORK)
+            out.sample_ahead.extend([0] * (len(out.sample_rows) - len(out.sample_ahead)))
             row += 1
+
+    def decoding(self) -> list[Sequence]:
+        """The running sequences whose next step is a decode (the ones that may speculate)."""
+        return [s for s in self.running if self._is_decode(s)]
+
+    def _schedule_speculative(self, s: Sequence, budget: int, out: SchedulerOutput) -> bool:
+        """s's last token and its drafts (as many as the budget and the pool allow; none if need be). On block
+        shortage without drafts: preempt the newest sequence not in this step, or s itself."""
+        draft = s.draft[:budget - 1]
+        while True:
+            slots = np.empty(1 + len(draft), dtype=np.int32)
+            try:
+                out.copies.extend(self.manager.append_speculative(s.seq_id, s.output[-1],
+                                                                  np.asarray(draft, dtype=np.int32), slots))
+                break
+            except OutOfBlocksError:
+                if draft:
+                    draft = []
+                    continue
+                victim = self.running[-1]
+                if victim is s or any(x.seq is victim for x in out.scheduled):
+                    self._preempt(s, out)
+                    return False
+                self._preempt(victim, out)
+        s.draft = draft
+        out.scheduled.append(ScheduledSeq(s, s.num_computed_tokens, [s.output[-1]] + draft, slots, True, draft=draft))
+        s.num_computed_tokens += 1 + len(draft)
+        return True
+
+    def settle_speculation(self, s: Sequence, kept: int) -> None:
+        """After verification: s keeps the KV of its first `kept` tokens; the rejected drafts' slots and any
+        block only they used go back (never into the prefix cache)."""
+        self.manager.truncate(s.seq_id, kept)
+        s.num_computed_tokens = kept
+        s.draft = []
 
     def _is_decode(self, s: Sequence) -> bool:
         """One token left, and it is the last sampled one, which the manager has not seen yet (a recompute whose

@@ -6,8 +6,9 @@ first token from the same logits.
 
 A sequence's tokens are prompt + output. `num_computed_tokens` of them have KV in the cache. The next step
 computes tokens[num_computed_tokens:] (a whole or partial prefill, or the one last sampled token when decoding);
-when that reaches the end, the last row's logits give the next token. A preempted sequence is recomputed the same
-way: its prompt and output are prefilled again.
+when that reaches the end, the last row's logits give the next token. A speculating sequence computes its last
+token plus `draft` (rtp_llm/spec_decode/), and every one of those rows samples. A preempted sequence is recomputed
+the same way: its prompt and output are prefilled again.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ class Sequence:
     stop_reason: Optional[object] = None  # the stop string or token id that ended it
     preemptions: int = 0
     grammar: Optional[Grammar] = None  # the matcher of a structured-output request
+    # Speculative decoding: this step's drafted tokens to verify, and the back-off after rejected drafts.
+    draft: list[int] = field(default_factory=list)
+    spec_misses: int = 0
+    spec_skip: int = 0
 
     @property
     def prompt(self) -> list[int]:
@@ -80,7 +85,11 @@ class Sequence:
     @property
     def stop_ids_banned(self) -> bool:
         """min_tokens: the request's stop tokens may not be sampled yet."""
-        return len(self.output) < self.request.params.min_tokens and bool(self.request.min_tokens_ids)
+        return self.bans_stop_ids(0)
+
+    def bans_stop_ids(self, ahead: int) -> bool:
+        """Whether min_tokens bans the stop tokens at the token `ahead` drafts from now."""
+        return len(self.output) + ahead < self.request.params.min_tokens and bool(self.request.min_tokens_ids)
 
 
 @dataclass(eq=False)

@@ -1,5 +1,7 @@
 #include "rtp_llm/cpp/cache/kv_cache_manager.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "rtp_llm/cpp/cache/errors.h"
@@ -120,7 +122,7 @@ void KVCacheManager::append_locked(Sequence& s, int64_t n, int32_t* slots_out, s
 }
 
 void KVCacheManager::register_full_blocks(Sequence& s) {
-    const int64_t full = s.num_slots / block_size_;
+    const int64_t full = std::min(s.num_slots, s.committed) / block_size_;
     for (; s.registered < full; ++s.registered) {
         if (!enable_prefix_cache_) continue;
         const int32_t block = s.blocks[s.registered];
@@ -173,6 +175,48 @@ std::vector<BlockCopy> KVCacheManager::append_decode(const int64_t* seq_ids, int
         append_locked(*seqs[i], 1, slots_out + i, &copies);
     }
     return copies;
+}
+
+std::vector<BlockCopy> KVCacheManager::append_speculative(int64_t seq_id, int32_t token, const int32_t* drafts,
+                                                          int64_t num_drafts, int32_t* slots_out) {
+    Lock lock(mu_);
+    auto& s = get(seq_id);
+    if (num_drafts < 0) throw SequenceError("negative draft count for sequence " + std::to_string(seq_id));
+    if (s.num_slots != static_cast<int64_t>(s.tokens.size())) {
+        throw SequenceError("sequence " + std::to_string(seq_id) + " still has tokens without slots; " +
+                            "finish its prefill before speculating");
+    }
+    const int32_t needed = needed_locked(s, 1 + num_drafts);
+    if (needed > pool_.num_available()) {
+        throw OutOfBlocksError("sequence " + std::to_string(seq_id) + " needs " + std::to_string(needed) +
+                               " blocks for " + std::to_string(num_drafts) + " drafts, " +
+                               std::to_string(pool_.num_available()) + " available");
+    }
+    s.tokens.push_back(token);
+    s.committed = static_cast<int64_t>(s.tokens.size());
+    s.tokens.insert(s.tokens.end(), drafts, drafts + num_drafts);
+    std::vector<BlockCopy> copies;
+    append_locked(s, 1 + num_drafts, slots_out, &copies);
+    return copies;
+}
+
+void KVCacheManager::truncate(int64_t seq_id, int64_t n) {
+    Lock lock(mu_);
+    auto& s = get(seq_id);
+    if (n < s.registered * block_size_ || n > static_cast<int64_t>(s.tokens.size())) {
+        throw SequenceError("sequence " + std::to_string(seq_id) + ": cannot keep " + std::to_string(n) + " of " +
+                            std::to_string(s.tokens.size()) + " tokens (" + std::to_string(s.registered * block_size_) +
+                            " are in cached blocks)");
+    }
+    s.tokens.resize(n);
+    s.num_slots = std::min(s.num_slots, n);
+    const size_t keep = static_cast<size_t>((s.num_slots + block_size_ - 1) / block_size_);
+    while (s.blocks.size() > keep) {  // tail first, as free() releases them
+        pool_.decref(s.blocks.back());
+        s.blocks.pop_back();
+    }
+    s.committed = INT64_MAX;
+    register_full_blocks(s);
 }
 
 bool KVCacheManager::can_append(int64_t seq_id, int64_t n) const {

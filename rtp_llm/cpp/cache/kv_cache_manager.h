@@ -3,6 +3,8 @@
 // A sequence's life:  add_sequence(prompt) -> matched prefix (cached tokens, no compute needed)
 //                     append_slots(n)       -> slot mapping for the next n known tokens (prefill chunks)
 //                     append_decode(...)    -> one token + one slot per running sequence, batched
+//                     append_speculative()  -> the last token plus drafts to verify, with slots; their
+//                     truncate(n)              blocks reach the prefix cache only once accepted (truncate)
 //                     fork(parent, child)   -> n > 1 sampling; the last partial block is copied on write
 //                     free()                -> every block released; full ones stay cached (LRU)
 //
@@ -82,6 +84,17 @@ public:
     std::vector<BlockCopy> append_decode(const int64_t* seq_ids, int64_t batch, const int32_t* token_ids,
                                          int32_t* slots_out);
 
+    // Speculative decoding: extends the sequence with its last sampled token and `num_drafts` drafted tokens after
+    // it, each with a slot (slots_out[0 : 1 + num_drafts]). The drafts are tentative: blocks they fill are not
+    // offered to the prefix cache until truncate() says how many were accepted. Nothing changes on a throw.
+    std::vector<BlockCopy> append_speculative(int64_t seq_id, int32_t token, const int32_t* drafts,
+                                              int64_t num_drafts, int32_t* slots_out);
+
+    // Keeps the first n known tokens (and their slots) and drops the rest: blocks no longer needed go back to
+    // the pool, and the full blocks of what is kept are offered to the prefix cache. n may not cut into a block
+    // already cached.
+    void truncate(int64_t seq_id, int64_t n);
+
     bool can_append(int64_t seq_id, int64_t n) const;
     // Blocks append_slots(seq_id, n) would take from the pool (copy-on-write included).
     int32_t blocks_needed(int64_t seq_id, int64_t n) const;
@@ -115,6 +128,7 @@ private:
         std::vector<int32_t> tokens;
         int64_t num_slots = 0;
         int64_t registered = 0;  // full blocks already offered to the prefix cache
+        int64_t committed = INT64_MAX;  // tokens past this are drafts: their blocks are not offered yet
         uint64_t chain_key = BlockCache::kRootKey;
         uint64_t extra_key = 0;
     };

@@ -290,5 +290,58 @@ TEST(KVCacheManager, IdenticalConcurrentPrefixesDeduplicate) {
     EXPECT_EQ(m.match_prefix(longer.data(), 6), 4);  // chain continues through sequence 1's blocks
 }
 
+TEST(KVCacheManager, RejectedDraftsLeaveNoBlockAndNoCacheEntry) {
+    KVCacheManager m(16, 4);
+    auto prompt = iota(6);
+    m.add_sequence(1, prompt.data(), 6);
+    std::vector<int32_t> s(6);
+    m.append_slots(1, 6, s.data());  // blocks 0..1: one full (cached), one with 2 of 4
+    const auto before = m.stats();
+    // The last sampled token and 5 drafts: positions 6..11 fill the second block and a third.
+    std::vector<int32_t> drafts = {7, 8, 9, 10, 11}, slots(6);
+    m.append_speculative(1, 6, drafts.data(), 5, slots.data());
+    auto table = m.block_table(1);
+    ASSERT_EQ(table.size(), 3u);
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(slots[i], table[(6 + i) / 4] * 4 + (6 + i) % 4);
+    EXPECT_FALSE(m.is_cached(table[1]));  // full, but of drafts not yet accepted
+    EXPECT_EQ(m.stats().cache_entries, before.cache_entries);
+    // One draft accepted: 6 prompt + the last token + 1 draft = 8 tokens, exactly two full blocks.
+    m.truncate(1, 8);
+    EXPECT_EQ(m.num_tokens(1), 8);
+    EXPECT_EQ(m.num_slots(1), 8);
+    ASSERT_EQ(m.block_table(1).size(), 2u);
+    EXPECT_TRUE(m.is_cached(table[1]));
+    EXPECT_EQ(m.ref_count(table[2]), 0);
+    EXPECT_EQ(m.stats().used_blocks, before.used_blocks);
+    expect_accounting(m);
+    // Decoding goes on from the kept tokens; nothing may be cut out of a cached block.
+    EXPECT_THROW(m.truncate(1, 7), SequenceError);
+    int64_t id = 1;
+    int32_t tok = 12, slot = -1;
+    m.append_decode(&id, 1, &tok, &slot);
+    EXPECT_EQ(slot, m.block_table(1)[2] * 4);
+    m.free(1);
+    EXPECT_EQ(m.stats().used_blocks, 0);
+    expect_accounting(m);
+}
+
+TEST(KVCacheManager, SpeculationNeedsEveryBlockOrChangesNothing) {
+    KVCacheManager m(3, 4);  // two usable blocks
+    auto prompt = iota(4);
+    m.add_sequence(1, prompt.data(), 4);
+    std::vector<int32_t> s(4);
+    m.append_slots(1, 4, s.data());
+    std::vector<int32_t> drafts(8, 1), slots(9);
+    EXPECT_THROW(m.append_speculative(1, 5, drafts.data(), 8, slots.data()), OutOfBlocksError);
+    EXPECT_EQ(m.num_tokens(1), 4);
+    EXPECT_EQ(m.block_table(1).size(), 1u);
+    m.append_speculative(1, 5, drafts.data(), 3, slots.data());
+    EXPECT_EQ(m.num_tokens(1), 8);
+    m.truncate(1, 5);  // every draft rejected
+    EXPECT_EQ(m.block_table(1).size(), 2u);  // the last token's block stays
+    EXPECT_EQ(m.num_slots(1), 5);
+    expect_accounting(m);
+}
+
 }  // namespace
 }  // namespace rtp_llm

@@ -122,6 +122,18 @@ void bind_cache(py::module_& m) {
                  return copies_to_list(self.append_decode(ids.data, ids.size, toks.data, s.data));
              },
              py::arg("seq_ids"), py::arg("token_ids"), py::arg("slots_out"))
+        .def("append_speculative",
+             [](KVCacheManager& self, int64_t seq_id, int32_t token, const py::buffer& drafts,
+                const py::buffer& slots_out) {
+                 auto d = as_array<int32_t>(drafts, "drafts", false);
+                 auto s = as_array<int32_t>(slots_out, "slots_out", true);
+                 if (s.size != d.size + 1) throw py::value_error("append_speculative: slots_out needs 1 + len(drafts)");
+                 return copies_to_list(self.append_speculative(seq_id, token, d.data, d.size, s.data));
+             },
+             py::arg("seq_id"), py::arg("token"), py::arg("drafts"), py::arg("slots_out"),
+             "The last sampled token and drafts after it, with slots; the drafts' blocks are cached only once "
+             "truncate() keeps them. Returns copy-on-write block copies.")
+        .def("truncate", &KVCacheManager::truncate, py::arg("seq_id"), py::arg("n"))
         .def("can_append", &KVCacheManager::can_append, py::arg("seq_id"), py::arg("n"))
         .def("blocks_needed", &KVCacheManager::blocks_needed, py::arg("seq_id"), py::arg("n"))
         .def("fork", &KVCacheManager::fork, py::arg("parent_id"), py::arg("child_id"))

@@ -1,0 +1,95 @@
+"""SpeculativeConfig: vLLM's --speculative_config, read from its JSON (or a dict in LLM(...)).
+
+    {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    {"method": "draft_model", "model": "/path/to/draft", "num_speculative_tokens": 4}
+
+Every key the engine accepts is one it implements; any other is refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from typing import Any, Optional, Union
+
+METHODS = ("ngram", "draft_model")
+# The NPU's fused attention takes at most this many query tokens per request in a decode round (vllm-ascend:
+# num_speculative_tokens + 1 <= 16).
+NPU_MAX_QUERY_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: Optional[int] = None  # ngram: shortest suffix of the context to look up
+    prompt_lookup_max: Optional[int] = None  # ngram: longest
+    model: Optional[str] = None              # draft_model: its checkpoint (the same tokenizer as the target)
+    # Speculation pauses for a step whose running sequences are more than this (vLLM's name); None = the engine's
+    # rule (rtp_llm/spec_decode/policy.py).
+    disable_by_batch_size: Optional[int] = None
+
+    @classmethod
+    def parse(cls, value: Union[None, str, dict, "SpeculativeConfig"]) -> Optional["SpeculativeConfig"]:
+        """None / "" / {} -> None; a JSON string or a dict -> a checked SpeculativeConfig (ValueError names the
+        problem)."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            if not value.strip():
+                return None
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"speculative_config is not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config must be a JSON object, got {type(value).__name__}")
+        if not value:
+            return None
+        d: dict[str, Any] = dict(value)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"speculative_config: unsupported key(s) {unknown}; supported: {sorted(known)}")
+        method = d.get("method")
+        if method in ("[ngram]", None) and d.get("model") in ("ngram", "[ngram]"):
+            method, d["model"] = "ngram", None  # vLLM's older spelling: model "[ngram]"
+        if method is None:
+            method = "draft_model" if d.get("model") else None
+        if method not in METHODS:
+            raise ValueError(f"speculative_config.method must be one of {list(METHODS)}, got {d.get('method')!r}")
+        d["method"] = method
+        k = d.get("num_speculative_tokens")
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"speculative_config.num_speculative_tokens must be a positive integer, got {k!r}")
+        if method == "ngram":
+            lo, hi = d.get("prompt_lookup_min"), d.get("prompt_lookup_max")
+            if lo is None and hi is None:
+                lo = hi = 5  # vLLM's default
+            lo = hi if lo is None else lo
+            hi = lo if hi is None else hi
+            for name, v in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
+                if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                    raise ValueError(f"speculative_config.{name} must be a positive integer, got {v!r}")
+            if lo > hi:
+                raise ValueError(f"speculative_config: prompt_lookup_min={lo} exceeds prompt_lookup_max={hi}")
+            if d.get("model") is not None:
+                raise ValueError("speculative_config: method ngram takes no model")
+            d["prompt_lookup_min"], d["prompt_lookup_max"] = lo, hi
+        else:
+            if not d.get("model"):
+                raise ValueError("speculative_config: method draft_model needs a model (the draft's checkpoint)")
+            for name in ("prompt_lookup_min", "prompt_lookup_max"):
+                if d.get(name) is not None:
+                    raise ValueError(f"speculative_config: {name} is for method ngram")
+        b = d.get("disable_by_batch_size")
+        if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 1):
+            raise ValueError(f"speculative_config.disable_by_batch_size must be a positive integer, got {b!r}")
+        return cls(**d)
+
+    def check_device(self, device: str) -> None:
+        """The device's limit on query tokens per request in a decode round."""
+        if device == "npu" and self.num_speculative_tokens + 1 > NPU_MAX_QUERY_TOKENS:
+            raise ValueError(f"speculative_config.num_speculative_tokens={self.num_speculative_tokens}: the NPU's "
+                             f"fused attention takes at most {NPU_MAX_QUERY_TOKENS} query tokens per request in a "
+                             f"decode round (num_speculative_tokens + 1 <= {NPU_MAX_QUERY_TOKENS})")

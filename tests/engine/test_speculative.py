@@ -1,0 +1,157 @@
+"""Speculative decoding changes no output bit: with n-gram drafts a request's tokens, logprobs and top logprobs are
+the same as without speculation, for greedy and seeded sampling with penalties, logit_bias, min_tokens, stop strings,
+n > 1 and structured outputs, among other requests, with chunked prefill, prefix caching and preemption, in
+float32 and bfloat16; rejected drafts leave no KV block and no prefix-cache entry behind."""
+
+import random
+
+import numpy as np
+import pytest
+
+from rtp_llm.config.speculative_config import SpeculativeConfig
+from rtp_llm.sampling import SamplingParams
+from rtp_llm.spec_decode.ngram import ngram_drafts
+from tests.engine.helpers import Tiny, run_all
+from tests.engine.invariance import signature
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+         "disable_by_batch_size": 64}  # every step speculates
+
+
+def _brute_force_drafts(tokens, lo, hi, k):
+    """The longest suffix (hi down to lo tokens) seen earlier with something after it; its latest such occurrence."""
+    n = len(tokens)
+    for size in range(min(hi, n - 1), lo - 1, -1):
+        suffix = tokens[n - size:]
+        for start in range(n - size - 1, -1, -1):
+            if tokens[start:start + size] == suffix:
+                return tokens[start + size:start + size + k]
+    return []
+
+
+def test_ngram_drafts_match_a_plain_search():
+    rng = random.Random(0)
+    for _ in range(3000):
+        tokens = [rng.randrange(4) for _ in range(rng.randrange(1, 40))]
+        lo = rng.randrange(1, 4)
+        hi = lo + rng.randrange(0, 4)
+        k = rng.randrange(1, 6)
+        assert ngram_drafts(np.asarray(tokens), lo, hi, k) == _brute_force_drafts(tokens, lo, hi, k), (tokens, lo, hi)
+
+
+def test_speculative_config_is_read_as_vllm_reads_it():
+    c = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 3}')
+    assert (c.prompt_lookup_min, c.prompt_lookup_max) == (5, 5)
+    c = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4})
+    assert (c.prompt_lookup_min, c.prompt_lookup_max) == (4, 4)
+    assert SpeculativeConfig.parse({"model": "/d", "num_speculative_tokens": 2}).method == "draft_model"
+    assert SpeculativeConfig.parse("") is None and SpeculativeConfig.parse({}) is None
+    for bad, word in [({"method": "eagle", "num_speculative_tokens": 2}, "method"),
+                      ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+                      ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4,
+                        "prompt_lookup_max": 2}, "prompt_lookup_min"),
+                      ({"method": "ngram", "num_speculative_tokens": 2, "acceptance": 1}, "acceptance"),
+                      ({"method": "draft_model", "num_speculative_tokens": 2}, "model"),
+                      ("{not json", "JSON")]:
+        with pytest.raises(ValueError, match=word):
+            SpeculativeConfig.parse(bad)
+    with pytest.raises(ValueError, match="16 query tokens"):
+        SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 16}).check_device("npu")
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def tiny(request, tmp_path_factory):
+    return Tiny(tmp_path_factory.mktemp(f"tiny_{request.param}"), dtype=request.param, device_ops=True)
+
+
+def _repetitive(rng, n):
+    """A prompt that repeats phrases, so its own n-grams predict the continuation now and then."""
+    phrases = [[rng.randrange(3, 250) for _ in range(rng.randrange(2, 6))] for _ in range(4)]
+    out = []
+    while len(out) < n:
+        out += rng.choice(phrases)
+    return out[:n]
+
+
+def _workload():
+    rng = random.Random(7)
+    prompts = [_repetitive(rng, n) for n in (37, 12, 60, 25, 44)]
+    shared = prompts[2][:40]
+    p = lambda **kw: SamplingParams(max_tokens=40, ignore_eos=True, logprobs=3, **kw)  # noqa: E731
+    return [
+        (0, "greedy", prompts[0], p(temperature=0)),
+        (0, "seeded", prompts[1], p(temperature=0.8, top_p=0.9, seed=11)),
+        (1, "penalised", prompts[2], p(temperature=0.7, seed=5, presence_penalty=0.4, frequency_penalty=0.3,
+                                       repetition_penalty=1.1, logit_bias={17: 3.0, 42: -5.0})),
+        (2, "min-tokens", prompts[3], SamplingParams(max_tokens=30, min_tokens=12, temperature=0, logprobs=1,
+                                                     stop_token_ids=[prompts[3][5], prompts[3][6]])),
+        (2, "n2", prompts[4], p(temperature=1.0, seed=3, n=2)),
+        (3, "prefix-hit", shared + [9, 8, 7], p(temperature=0)),
+        (4, "short", prompts[0][:9], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)),
+    ]
+
+
+def _signatures(done):
+    return {rid: ([signature_of(o) for o in out.outputs], out.num_cached_tokens, [o.finish_reason for o in out.outputs])
+            for rid, out in done.items()}
+
+
+def signature_of(o):
+    return o.token_ids, o.text, [(lp.token_id, lp.logprob, tuple(lp.top)) for lp in (o.logprobs or [])]
+
+
+def _run(tiny, spec, **kw):
+    args = dict(max_prefill_chunk=7, num_blocks=400)
+    args.update(kw)
+    engine = tiny.engine(speculative_config=spec, **args)
+    done = run_all(engine, _workload())
+    return done, engine
+
+
+def test_speculation_changes_no_output_bit(tiny):
+    plain, plain_engine = _run(tiny, None)
+    spec, engine = _run(tiny, NGRAM)
+    assert _signatures(spec) == _signatures(plain)
+    s = engine.stats()
+    # Both paths ran: drafts kept and drafts rejected.
+    assert 0 < s["spec_decode_num_accepted_tokens"] < s["spec_decode_num_draft_tokens"]
+    assert s["spec_decode_num_accepted_tokens_per_pos"][0] >= s["spec_decode_num_accepted_tokens_per_pos"][-1]
+    assert s["generation_tokens"] == plain_engine.stats()["generation_tokens"]
+    # Every block back; the prefix cache holds exactly what plain decoding cached (no rejected draft's block).
+    assert s["kv_used_blocks"] == 0 and engine.scheduler.manager.stats().num_sequences == 0
+    assert engine.scheduler.manager.stats().cache_entries == plain_engine.scheduler.manager.stats().cache_entries
+
+
+def test_speculation_under_preemption(tiny):
+    plain, _ = _run(tiny, None, num_blocks=40, max_model_len=128)
+    spec, engine = _run(tiny, NGRAM, num_blocks=40, max_model_len=128)
+    assert engine.scheduler.num_preemptions > 0
+    assert engine.stats()["spec_decode_num_accepted_tokens"] > 0
+    assert _signatures(spec) == _signatures(plain)
+    assert engine.stats()["kv_used_blocks"] == 0
+
+
+def test_stop_string_inside_an_accepted_run(tiny):
+    prompt = _repetitive(random.Random(3), 50)
+    base = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    free = run_all(tiny.engine(), [(0, "r", prompt, base)])["r"].outputs[0].text
+    stop = free[len(free) // 2:len(free) // 2 + 3]
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, stop=[stop])
+    plain = run_all(tiny.engine(), [(0, "r", prompt, params)])["r"].outputs[0]
+    engine = tiny.engine(speculative_config=NGRAM)
+    spec = run_all(engine, [(0, "r", prompt, params)])["r"].outputs[0]
+    assert plain.finish_reason == "stop" and stop not in plain.text
+    assert (spec.text, spec.token_ids, spec.finish_reason) == (plain.text, plain.token_ids, plain.finish_reason)
+    assert engine.stats()["kv_used_blocks"] == 0
+
+
+def test_structured_output_under_speculation(tiny):
+    # A regex whose matches repeat: the grammar walks along the drafts and back.
+    params = SamplingParams(max_tokens=40, temperature=0.9, seed=2, logprobs=2,
+                            structured_outputs={"regex": "((ab|cd|ef) ){3,12}"})
+    prompt = _repetitive(random.Random(5), 30)
+    plain = run_all(tiny.engine(), [(0, "r", prompt, params)])["r"].outputs[0]
+    engine = tiny.engine(speculative_config=NGRAM)
+    spec = run_all(engine, [(0, "r", prompt, params)])["r"].outputs[0]
+    assert signature_of(spec) == signature_of(plain)
+    assert engine.stats()["spec_decode_num_draft_tokens"] > 0
