@@ -45,6 +45,19 @@ class _EngineCollector:
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = full.", s["kv_usage"])
         yield counter("vllm:prompt_tokens", "Prompt tokens computed.", s["prompt_tokens"])
         yield counter("vllm:generation_tokens", "Tokens generated.", s["generation_tokens"])
+        if "spec_decode_num_drafts" in s:  # speculative decoding on (vLLM's names)
+            yield counter("vllm:spec_decode_num_drafts", "Sequence steps that verified drafts.",
+                          s["spec_decode_num_drafts"])
+            yield counter("vllm:spec_decode_num_draft_tokens", "Draft tokens verified.",
+                          s["spec_decode_num_draft_tokens"])
+            yield counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                          s["spec_decode_num_accepted_tokens"])
+            per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                          "Draft tokens accepted, by position in the draft.",
+                                          labels=labels + ["position"])
+            for pos, n in enumerate(s["spec_decode_num_accepted_tokens_per_pos"]):
+                per_pos.add_metric([self.model, str(pos)], n)
+            yield per_pos
 
 
 class Metrics:
