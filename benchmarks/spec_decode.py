@@ -1,0 +1,190 @@
+"""Speculative decoding against plain decoding of the same model, batch 1, in alternating rounds.
+
+    python -m benchmarks.spec_decode [--model PATH] [--dtype float32] [--rounds 3] [--k 4] [--lookup 2,4]
+                                     [--draft PATH] [--batch-w]
+
+Workloads (chat prompts through the model's template, greedy, up to --max-tokens, natural EOS): input-grounded
+work where the answer repeats the input (rename in a source file, reformat a JSON document, quote a passage with
+small edits) and open chat. Outputs are the same bits with and without speculation (checked every round), so
+each configuration does the same work. Reported per workload and configuration: TPOT (time per output token after
+the first) min / median / max over rounds, the same-round ratio to plain decoding, the acceptance (accepted /
+drafted tokens) and how much of the output is copied from the prompt (characters in common runs of 20+).
+--batch-w: also W's shape (32 requests of 128 random tokens, 128 new) with speculation on vs off.
+--batch-rule 1,2,4,8,16: throughput of that many concurrent requests (the workloads in turn, 96 tokens each, EOS
+ignored) with every step speculating (disable_by_batch_size off) vs plain: where the engine's default rule comes from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import statistics
+import time
+
+# rtp_llm before torch (OpenMP wait policy)
+from rtp_llm import LLM, SamplingParams
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _source_file() -> str:
+    with open(os.path.join(ROOT, "rtp_llm", "engine", "output_processor.py")) as f:
+        return f.read()
+
+
+def _json_doc() -> str:
+    rows = [{"id": i, "name": f"item-{i}", "price": round(3.5 + i * 1.25, 2), "tags": ["a", "b"][: 1 + i % 2],
+             "in_stock": i % 3 != 0} for i in range(24)]
+    return json.dumps(rows, separators=(",", ":"))
+
+
+PASSAGE = ("The engine runs the same models on CPU, CUDA GPUs and Ascend NPUs. Its users are teams moving "
+           "inference from CUDA to Ascend who want one engine whose output is identical on every device, that builds "
+           "offline in one command, and that serves an OpenAI-compatible API. A request's output never depends on "
+           "what else is in the batch, how its prefill was chunked, or whether its prefix came from the cache. ") * 3
+
+WORKLOADS = {
+    "rename": lambda: "Rename the class OutputProcessor to OutputStage everywhere in this file and return the whole "
+                      "file, nothing else:\n\n" + _source_file(),
+    "json": lambda: "Reformat this JSON with an indent of 2 spaces, one key per line. Return only the JSON:\n\n"
+                    + _json_doc(),
+    "quote": lambda: "Quote the following passage exactly, but write 'runtime' instead of 'engine':\n\n" + PASSAGE,
+    "chat": lambda: "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+}
+
+
+def copied_share(prompt: str, output: str, min_run: int = 20) -> float:
+    """Share of the output's characters in runs of at least min_run characters that also occur in the prompt."""
+    if not output:
+        return 0.0
+    m = difflib.SequenceMatcher(None, output, prompt, autojunk=False)
+    return sum(b.size for b in m.get_matching_blocks() if b.size >= min_run) / len(output)
+
+
+def _one(llm: LLM, prompt: str, max_tokens: int):
+    core = llm.core
+    s0 = core.stats()
+    out = llm.chat([{"role": "user", "content": prompt}], SamplingParams(max_tokens=max_tokens, temperature=0),
+                   use_tqdm=False)[0]
+    s1 = core.stats()
+    o = out.outputs[0]
+    n = len(o.token_ids)
+    tpot = (out.metrics["finish"] - out.metrics["first_token"]) / max(n - 1, 1)
+    drafted = s1.get("spec_decode_num_draft_tokens", 0) - s0.get("spec_decode_num_draft_tokens", 0)
+    accepted = s1.get("spec_decode_num_accepted_tokens", 0) - s0.get("spec_decode_num_accepted_tokens", 0)
+    return o.token_ids, o.text, tpot, drafted, accepted
+
+
+def _w(llm: LLM) -> float:
+    from benchmarks.workloads import WORKLOADS as W
+
+    wl = W["W"]
+    t = time.perf_counter()
+    outs = llm.generate(wl.prompts(), SamplingParams(max_tokens=wl.new_tokens, temperature=0, ignore_eos=True),
+                        use_tqdm=False)
+    return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t)
+
+
+def _batch_rule(args, concurrencies) -> None:
+    lo, hi = (int(x) for x in args.lookup.split(","))
+    common = dict(model=args.model, dtype=args.dtype, max_model_len=4096, enable_prefix_caching=False,
+                  kv_cache_memory_gb=2)
+    spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": lo, "prompt_lookup_max": hi,
+            "disable_by_batch_size": 1 << 20}
+    llms = {"plain": LLM(**common), "always": LLM(speculative_config=spec, **common)}
+    prompts = [f() for f in WORKLOADS.values()]
+    print("| concurrent requests | plain tok/s min / median / max | speculating every step | ratio (median) |")
+    print("| --- | --- | --- | --- |")
+    for c in concurrencies:
+        convs = [[{"role": "user", "content": prompts[i % len(prompts)]}] for i in range(c)]
+        rates = {k: [] for k in llms}
+        for _ in range(args.rounds):
+            for k, llm in llms.items():
+                t = time.perf_counter()
+                outs = llm.chat(convs, SamplingParams(max_tokens=96, temperature=0, ignore_eos=True), use_tqdm=False)
+                rates[k].append(sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t))
+        p, a = sorted(rates["plain"]), sorted(rates["always"])
+        print(f"| {c} | {p[0]:.1f} / {statistics.median(p):.1f} / {p[-1]:.1f} | {a[0]:.1f} / {statistics.median(a):.1f}"
+              f" / {a[-1]:.1f} | {statistics.median(a) / statistics.median(p):.3f} |", flush=True)
+    for llm in llms.values():
+        llm.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M-Instruct")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    ap.add_argument("--lookup", default="2,4", help="ngram prompt_lookup_min,max")
+    ap.add_argument("--draft", help="also a draft model (its checkpoint) drafting for --model")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--batch-w", action="store_true")
+    ap.add_argument("--batch-rule", help="comma-separated concurrencies")
+    args = ap.parse_args()
+    if args.batch_rule:
+        return _batch_rule(args, [int(c) for c in args.batch_rule.split(",")])
+
+    lo, hi = (int(x) for x in args.lookup.split(","))
+    configs = {"plain": None,
+               "ngram": {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": lo,
+                         "prompt_lookup_max": hi}}
+    if args.draft:
+        configs["draft"] = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.k}
+    common = dict(model=args.model, dtype=args.dtype, max_model_len=4096, enable_prefix_caching=False,
+                  kv_cache_memory_gb=0.5)
+    llms = {name: LLM(speculative_config=cfg, **common) for name, cfg in configs.items()}
+    names = [w for w in args.workloads.split(",") if w]
+    prompts = {w: WORKLOADS[w]() for w in names}
+    for llm in llms.values():  # warm-up
+        _one(llm, prompts[names[0]], 16)
+    tpot = {(w, c): [] for w in names for c in configs}
+    acc = {(w, c): [0, 0] for w in names for c in configs}
+    ratio = {(w, c): [] for w in names for c in configs}
+    info = {}
+    for r in range(args.rounds):
+        for w in names:
+            ref = None
+            for c, llm in llms.items():
+                ids, text, t, drafted, accepted = _one(llm, prompts[w], args.max_tokens)
+                if ref is None:
+                    ref = (ids, t)
+                    info[w] = (len(ids), copied_share(prompts[w], text), len(llm.tokenizer.encode(prompts[w])))
+                elif ids != ref[0]:
+                    raise SystemExit(f"{w}: {c} produced other tokens than plain decoding")
+                tpot[w, c].append(t)
+                ratio[w, c].append(t / ref[1])
+                acc[w, c][0] += drafted
+                acc[w, c][1] += accepted
+        print(f"round {r + 1}/{args.rounds} done", flush=True)
+    print(f"\nmodel {args.model or 'default (SmolLM2-135M-Instruct)'}, {args.dtype}, k={args.k}, ngram lookup "
+          f"{lo}..{hi}, {args.rounds} rounds, batch 1")
+    print("| workload | prompt / output tokens | copied | config | TPOT ms min / median / max | vs plain (same round, "
+          "median) | accepted / drafted |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for w in names:
+        n_out, share, n_in = info[w]
+        for c in configs:
+            ts = sorted(x * 1e3 for x in tpot[w, c])
+            d, a = acc[w, c]
+            print(f"| {w} | {n_in} / {n_out} | {share:.0%} | {c} | {ts[0]:.2f} / {statistics.median(ts):.2f} / "
+                  f"{ts[-1]:.2f} | {statistics.median(ratio[w, c]):.3f} | "
+                  f"{f'{a}/{d} ({a / d:.0%})' if d else '-'} |")
+    if args.batch_w:
+        rates = {c: [] for c in configs}
+        for _ in range(args.rounds):
+            for c, llm in llms.items():
+                rates[c].append(_w(llm))
+        for c, xs in rates.items():
+            xs = sorted(xs)
+            print(f"W {c}: {xs[0]:.1f} / {statistics.median(xs):.1f} / {xs[-1]:.1f} tok/s; vs plain (median) "
+                  f"{statistics.median(xs) / statistics.median(rates['plain']):.3f}")
+    for llm in llms.values():
+        llm.close()
+
+
+if __name__ == "__main__":
+    main()
