@@ -25,6 +25,8 @@ class SpeculativeConfig:
     prompt_lookup_min: Optional[int] = None  # ngram: shortest suffix of the context to look up
     prompt_lookup_max: Optional[int] = None  # ngram: longest
     model: Optional[str] = None              # draft_model: its checkpoint (the same tokenizer as the target)
+    quantization: Optional[str] = None       # draft_model: as --quantization, for the draft (default: the target's)
+    dtype: Optional[str] = None              # draft_model (an rtp-llm extension): its dtype (default: the target's)
     # Speculation pauses for a step whose running sequences are more than this (vLLM's name); None = the engine's
     # rule (rtp_llm/spec_decode/policy.py).
     disable_by_batch_size: Optional[int] = None
@@ -82,6 +84,14 @@ class SpeculativeConfig:
             for name in ("prompt_lookup_min", "prompt_lookup_max"):
                 if d.get(name) is not None:
                     raise ValueError(f"speculative_config: {name} is for method ngram")
+        if method == "ngram":
+            for name in ("quantization", "dtype"):
+                if d.get(name) is not None:
+                    raise ValueError(f"speculative_config: {name} is for method draft_model")
+        if d.get("quantization") not in (None, "auto", "none", "int8"):
+            raise ValueError(f"speculative_config.quantization must be auto, none or int8, got {d['quantization']!r}")
+        if d.get("dtype") not in (None, "auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"speculative_config.dtype must be auto, float32, bfloat16 or float16, got {d['dtype']!r}")
         b = d.get("disable_by_batch_size")
         if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 1):
             raise ValueError(f"speculative_config.disable_by_batch_size must be a positive integer, got {b!r}")

@@ -122,13 +122,15 @@ class EngineCore:
         if spec is None:
             return None
         from rtp_llm.spec_decode import Speculator, make_proposer
+        from rtp_llm.spec_decode.speculator import DEFAULT_MAX_BATCH
 
         spec.check_device(self.device.name)
-        proposer = make_proposer(spec, target=self)
+        max_batch = spec.disable_by_batch_size or DEFAULT_MAX_BATCH
+        proposer = make_proposer(spec, target=self, max_batch=max_batch)
         log.info("speculative decoding: %s, %d tokens per step%s; no step speculates above %s running decodes",
                  spec.method, spec.num_speculative_tokens,
                  f", lookup {spec.prompt_lookup_min}..{spec.prompt_lookup_max} tokens" if spec.method == "ngram"
-                 else f", draft model {spec.model}", spec.disable_by_batch_size or "the default")
+                 else f", draft model {spec.model}", max_batch)
         return Speculator(spec, proposer, self.max_model_len)
 
     def close(self) -> None:

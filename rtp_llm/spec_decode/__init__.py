@@ -12,7 +12,7 @@ __all__ = ["NgramProposer", "Proposer", "Speculator", "make_proposer"]
 
 
 def make_proposer(config, **kwargs) -> Proposer:
-    """The proposer a SpeculativeConfig names (kwargs: what a draft model needs of its target engine)."""
+    """The proposer a SpeculativeConfig names (kwargs: the target engine and max_batch, for a draft model)."""
     if config.method == "ngram":
         return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
     if config.method == "draft_model":

@@ -1,0 +1,169 @@
+"""A draft model: any supported checkpoint with the target's tokenizer drafts k tokens per step, with its own KV
+cache (its own KVCacheManager over its own KVBuffer, on the target's device).
+
+Per step, for the sequences that draft: one forward catches the draft's KV up with the sequence (its prompt the
+first time, then the accepted tokens and the bonus token) and samples draft 1 from the last row; k - 1 one-token
+forwards sample the rest. A draft row samples as the target's row would (the request's temperature, top-k/p,
+penalties and bias, its seed and step), so a seeded request's draft follows the same noise as its verification
+(engine/core.py keeps a draft while it equals the target's sample). After verification the draft's KV keeps what
+was accepted. The draft's KV holds (disable_by_batch_size + 1) x max_model_len tokens at most; a sequence that does
+not fit after evicting the least recently drafted ones drafts nothing that step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import OrderedDict
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from rtp_llm.cache import KVBuffer, KVCacheManager, OutOfBlocksError
+from rtp_llm.device.forward_batch import ForwardBatch
+from rtp_llm.sampling import Sampler, SamplingBatch
+from rtp_llm.spec_decode.proposer import Proposer
+
+log = logging.getLogger(__name__)
+
+
+class DraftModelProposer(Proposer):
+    name = "draft_model"
+
+    def __init__(self, config, target, max_batch: int):
+        """target: the EngineCore it drafts for (its config, device, tokenizer, limits and KV pool size)."""
+        from rtp_llm.models.registry import load_engine_model
+        from rtp_llm.tokenizer import Tokenizer
+
+        tc = target.config
+        if tc.tp_size > 1:
+            raise ValueError("speculative_config: a draft model with tp_size > 1 is not supported (use method ngram)")
+        dc = dataclasses.replace(tc, model=config.model, tokenizer=None, model_type=None, speculative_config=None,
+                                 dtype=config.dtype or tc.dtype, quantization=config.quantization or tc.quantization)
+        device = target.device
+        self.model, self.cfg = load_engine_model(dc, device)
+        self.vocab = min(self.cfg.vocab_size, target.vocab_size)
+        draft_tok = Tokenizer.load(config.model)
+        if draft_tok.backend.get_vocab() != target.tokenizer.backend.get_vocab():
+            raise ValueError(f"speculative_config: the draft model {config.model} has another tokenizer than the "
+                             f"target's: drafts would be other tokens")
+        if self.cfg.max_position_embeddings < target.max_model_len:
+            raise ValueError(f"speculative_config: the draft model's max_position_embeddings "
+                             f"({self.cfg.max_position_embeddings}) is below max_model_len={target.max_model_len}")
+        self.block_size = target.block_size
+        tokens = min((max_batch + 1) * target.max_model_len, target.scheduler.manager.num_blocks * self.block_size)
+        num_blocks = -(-tokens // self.block_size) + 1
+        shard = self.model.shard
+        self.manager = KVCacheManager(num_blocks, self.block_size, enable_prefix_cache=False)
+        self.kv = KVBuffer(self.cfg.num_layers, num_blocks, self.block_size, shard.num_kv_heads, self.cfg.head_dim,
+                           dtype=self.model.dtype, device=device.torch_device, zeros=device.zeros)
+        self.attn = device.attention_backend(tc.attention_backend)(shard.num_heads, shard.num_kv_heads,
+                                                                   self.cfg.head_dim, self.cfg.head_dim ** -0.5,
+                                                                   self.block_size)
+        self.device = device.torch_device
+        self.sampler = Sampler(self.model.ops)
+        # seq_id -> [context length, drafts, verified] of its last proposal, least recently drafted first
+        self._lru: OrderedDict = OrderedDict()
+        log.info("draft model %s (%s, %d layers, %s): KV for %d tokens (%.2f GiB)", config.model,
+                 self.cfg.model_type, self.cfg.num_layers, self.model.dtype, (num_blocks - 1) * self.block_size,
+                 self.kv.nbytes / (1 << 30))
+
+    # --- the KV of the draft ---------------------------------------------------------------------------------
+    def _catch_up(self, s, keep: set) -> np.ndarray | None:
+        """Slots for the tokens of s the draft has not computed (its whole context the first time)."""
+        m, sid = self.manager, s.seq_id
+        tokens = s.all_tokens()
+        if max(tokens) >= self.vocab:
+            return None
+        state = self._lru.get(sid)
+        if state is not None and not state[2] and m.has_sequence(sid):
+            m.truncate(sid, state[0])  # last step's drafts were never verified (the scheduler dropped them)
+        if not m.has_sequence(sid):
+            m.add_sequence(sid, tokens, reuse_prefix=False)
+        elif m.num_tokens(sid) < len(tokens):
+            m.extend_tokens(sid, tokens[m.num_tokens(sid):])
+        n = len(tokens) - m.num_slots(sid)
+        while True:
+            slots = np.empty(n, dtype=np.int32)
+            try:
+                m.append_slots(sid, slots)
+                return slots
+            except OutOfBlocksError:
+                victim = next((v for v in self._lru if v not in keep and v != sid), None)
+                if victim is None:
+                    return None
+                self._drop(victim)
+
+    def _drop(self, seq_id: int) -> None:
+        self._lru.pop(seq_id, None)
+        if self.manager.has_sequence(seq_id):
+            self.manager.free(seq_id)
+
+    def _forward(self, ids, tokens, starts, slots) -> torch.Tensor:
+        width = max(-(-(st + len(t)) // self.block_size) for st, t in zip(starts, tokens))
+        table = np.empty((len(ids), width), dtype=np.int32)
+        self.manager.fill_block_tables(np.asarray(ids, dtype=np.int64), table)
+        batch = ForwardBatch.build(tokens, starts, slots, table, self.block_size, [1] * len(ids), self.device)
+        return self.model.compute_logits(self.model(batch, self.kv, self.attn))[:, :self.vocab]
+
+    def _sample(self, seqs, drafts, logits) -> list[int]:
+        outputs = [s.output + d for s, d in zip(seqs, drafts)]
+        batch = SamplingBatch.build([s.request.params for s in seqs], [s.seed for s in seqs],
+                                    [len(o) for o in outputs], [s.prompt for s in seqs], outputs, logits.shape[-1],
+                                    logits.device)
+        return self.sampler(logits, batch).token_ids.cpu().tolist()
+
+    # --- the interface ------------------------------------------------------------------------------------------
+    def propose(self, seqs: Sequence, ks: Sequence[int], hidden=None) -> list[list[int]]:
+        keep = {s.seq_id for s in seqs}
+        live, slots = [], []
+        for s in seqs:
+            sl = self._catch_up(s, keep)
+            if sl is not None and len(sl):
+                live.append(s)
+                slots.append(sl)
+        drafts: dict = {s: [] for s in seqs}
+        if not live:
+            return [[] for _ in seqs]
+        m = self.manager
+        starts = [m.num_slots(s.seq_id) - len(sl) for s, sl in zip(live, slots)]
+        logits = self._forward([s.seq_id for s in live], [s.all_tokens()[st:] for s, st in zip(live, starts)], starts,
+                               slots)
+        for s, t in zip(live, self._sample(live, [[]] * len(live), logits)):
+            drafts[s].append(t)
+        k_of = dict(zip((s.seq_id for s in seqs), ks))
+        while True:
+            live = [s for s in live if len(drafts[s]) < k_of[s.seq_id]]
+            if not live:
+                break
+            ids = np.fromiter((s.seq_id for s in live), dtype=np.int64, count=len(live))
+            toks = np.fromiter((drafts[s][-1] for s in live), dtype=np.int32, count=len(live))
+            sl = np.empty(len(live), dtype=np.int32)
+            try:
+                m.append_decode(ids, toks, sl)
+            except OutOfBlocksError:
+                break  # the drafts so far stand
+            starts = [m.num_slots(s.seq_id) - 1 for s in live]
+            logits = self._forward(list(ids), [[t] for t in toks.tolist()], starts, [sl[i:i + 1] for i in range(len(live))])
+            for s, t in zip(live, self._sample(live, [drafts[s] for s in live], logits)):
+                drafts[s].append(t)
+        for s in seqs:
+            if m.has_sequence(s.seq_id):
+                self._lru.pop(s.seq_id, None)
+                self._lru[s.seq_id] = [s.num_tokens, len(drafts[s]), False]
+        return [drafts[s] for s in seqs]
+
+    def accepted(self, seq, num_accepted: int) -> None:
+        """The draft's KV keeps the context it drafted from and the accepted drafts it computed (the last draft
+        was sampled, never computed)."""
+        state = self._lru.get(seq.seq_id)
+        if state is None or not self.manager.has_sequence(seq.seq_id):
+            return
+        context, drafted, _ = state
+        keep = context + min(num_accepted, max(drafted - 1, 0))
+        self.manager.truncate(seq.seq_id, min(keep, self.manager.num_tokens(seq.seq_id)))
+        state[2] = True
+
+    def release(self, seq) -> None:
+        self._drop(seq.seq_id)
