@@ -22,6 +22,7 @@ import torch
 
 from rtp_llm.cache import KVBuffer, KVCacheManager, OutOfBlocksError
 from rtp_llm.device.forward_batch import ForwardBatch
+from rtp_llm.errors import MissingFileError
 from rtp_llm.sampling import Sampler, SamplingBatch
 from rtp_llm.spec_decode.proposer import Proposer
 
@@ -44,10 +45,15 @@ class DraftModelProposer(Proposer):
         device = target.device
         self.model, self.cfg = load_engine_model(dc, device)
         self.vocab = min(self.cfg.vocab_size, target.vocab_size)
-        draft_tok = Tokenizer.load(config.model)
-        if draft_tok.backend.get_vocab() != target.tokenizer.backend.get_vocab():
-            raise ValueError(f"speculative_config: the draft model {config.model} has another tokenizer than the "
-                             f"target's: drafts would be other tokens")
+        try:
+            draft_vocab = Tokenizer.load(config.model).backend.get_vocab()
+        except MissingFileError:  # a checkpoint without tokenizer files: taken to share the target's, as vLLM does
+            log.warning("the draft model %s has no tokenizer of its own: it is taken to share the target's",
+                        config.model)
+        else:
+            if draft_vocab != target.tokenizer.backend.get_vocab():
+                raise ValueError(f"speculative_config: the draft model {config.model} has another tokenizer than the "
+                                 f"target's: its drafts would be other tokens")
         if self.cfg.max_position_embeddings < target.max_model_len:
             raise ValueError(f"speculative_config: the draft model's max_position_embeddings "
                              f"({self.cfg.max_position_embeddings}) is below max_model_len={target.max_model_len}")

@@ -155,3 +155,45 @@ def test_structured_output_under_speculation(tiny):
     spec = run_all(engine, [(0, "r", prompt, params)])["r"].outputs[0]
     assert signature_of(spec) == signature_of(plain)
     assert engine.stats()["spec_decode_num_draft_tokens"] > 0
+
+
+@pytest.fixture(scope="module")
+def drafts(tmp_path_factory):
+    """Draft checkpoints for the tiny target: the same weights (its bf16 copy drafts well) and another model of the
+    same vocabulary (its drafts are mostly rejected)."""
+    from tests.models.tiny_checkpoints import make_checkpoint
+
+    same = tmp_path_factory.mktemp("draft_same")
+    make_checkpoint(same, "qwen3_gqa2_headdim32_untied")
+    other = tmp_path_factory.mktemp("draft_other")
+    make_checkpoint(other, "llama_gqa4_tied_attnbias")
+    return {"same": str(same), "other": str(other)}
+
+
+@pytest.mark.parametrize("draft,draft_dtype", [("same", "bfloat16"), ("other", None)])
+def test_draft_model_changes_no_output_bit(tiny, drafts, draft, draft_dtype):
+    spec = {"method": "draft_model", "model": drafts[draft], "num_speculative_tokens": 3,
+            "disable_by_batch_size": 64}
+    if draft_dtype:
+        spec["dtype"] = draft_dtype
+    plain, _ = _run(tiny, None)
+    got, engine = _run(tiny, spec)
+    assert _signatures(got) == _signatures(plain)
+    s = engine.stats()
+    if draft == "same":  # the same weights in another dtype mostly agree
+        assert s["spec_decode_num_accepted_tokens"] > s["spec_decode_num_draft_tokens"] / 2
+    else:  # another model: drafts kept and drafts rejected
+        assert 0 < s["spec_decode_num_accepted_tokens"] < s["spec_decode_num_draft_tokens"]
+    assert s["kv_used_blocks"] == 0
+    proposer = engine.speculator.proposer
+    assert proposer.manager.stats().num_sequences == 0 and proposer.manager.stats().used_blocks == 0
+
+
+def test_draft_model_under_preemption(tiny, drafts):
+    spec = {"method": "draft_model", "model": drafts["same"], "num_speculative_tokens": 2,
+            "disable_by_batch_size": 64}
+    plain, _ = _run(tiny, None, num_blocks=40, max_model_len=128)
+    got, engine = _run(tiny, spec, num_blocks=40, max_model_len=128)
+    assert engine.scheduler.num_preemptions > 0
+    assert _signatures(got) == _signatures(plain)
+    assert engine.speculator.proposer.manager.stats().num_sequences == 0

@@ -203,13 +203,15 @@ std::vector<BlockCopy> KVCacheManager::append_speculative(int64_t seq_id, int32_
 void KVCacheManager::truncate(int64_t seq_id, int64_t n) {
     Lock lock(mu_);
     auto& s = get(seq_id);
-    if (n < s.registered * block_size_ || n > static_cast<int64_t>(s.tokens.size())) {
+    const int64_t cached = enable_prefix_cache_ ? s.registered * block_size_ : 0;
+    if (n < cached || n > static_cast<int64_t>(s.tokens.size())) {
         throw SequenceError("sequence " + std::to_string(seq_id) + ": cannot keep " + std::to_string(n) + " of " +
-                            std::to_string(s.tokens.size()) + " tokens (" + std::to_string(s.registered * block_size_) +
+                            std::to_string(s.tokens.size()) + " tokens (" + std::to_string(cached) +
                             " are in cached blocks)");
     }
     s.tokens.resize(n);
     s.num_slots = std::min(s.num_slots, n);
+    s.registered = std::min(s.registered, s.num_slots / block_size_);  // without a cache, blocks were only counted
     const size_t keep = static_cast<size_t>((s.num_slots + block_size_ - 1) / block_size_);
     while (s.blocks.size() > keep) {  // tail first, as free() releases them
         pool_.decref(s.blocks.back());

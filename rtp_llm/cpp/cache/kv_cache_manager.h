@@ -92,7 +92,7 @@ public:
 
     // Keeps the first n known tokens (and their slots) and drops the rest: blocks no longer needed go back to
     // the pool, and the full blocks of what is kept are offered to the prefix cache. n may not cut into a block
-    // already cached.
+    // already cached (without a prefix cache, any n up to the known tokens).
     void truncate(int64_t seq_id, int64_t n);
 
     bool can_append(int64_t seq_id, int64_t n) const;

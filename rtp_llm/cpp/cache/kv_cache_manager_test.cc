@@ -343,5 +343,22 @@ TEST(KVCacheManager, SpeculationNeedsEveryBlockOrChangesNothing) {
     expect_accounting(m);
 }
 
+TEST(KVCacheManager, WithoutAPrefixCacheTruncateMayCutAFullBlock) {
+    KVCacheManager m(8, 4, /*enable_prefix_cache=*/false);
+    auto prompt = iota(9);
+    m.add_sequence(1, prompt.data(), 9);
+    std::vector<int32_t> s(9);
+    m.append_slots(1, 9, s.data());
+    m.truncate(1, 3);
+    EXPECT_EQ(m.block_table(1).size(), 1u);
+    EXPECT_EQ(m.num_slots(1), 3);
+    std::vector<int32_t> more = {1, 2, 3, 4, 5};
+    m.extend_tokens(1, more.data(), 5);
+    std::vector<int32_t> slots(5);
+    m.append_slots(1, 5, slots.data());
+    EXPECT_EQ(slots[0], m.block_table(1)[0] * 4 + 3);
+    expect_accounting(m);
+}
+
 }  // namespace
 }  // namespace rtp_llm
