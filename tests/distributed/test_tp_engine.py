@@ -40,10 +40,10 @@ def _workload(vocab: int):
     return prompts, arrivals
 
 
-def _run(path: str, tp: int, arrivals):
+def _run(path: str, tp: int, arrivals, **kw):
     engine = Driver(EngineCore(EngineConfig(model=path, tokenizer=default_model_path(), tp_size=tp, block_size=4,
                                             num_blocks=200, max_num_seqs=8, max_num_batched_tokens=64,
-                                            max_prefill_chunk=7, max_model_len=256)))
+                                            max_prefill_chunk=7, max_model_len=256, **kw)))
     try:
         procs = dict(engine.tp_runtime.procs) if engine.tp_runtime else {}
         done = run_all(engine, arrivals)
@@ -79,6 +79,22 @@ def test_tp_matches_tp1_and_transformers(tmp_path, variant, tp):
             out = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
                               max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0)
         assert got[f"g{i}"].outputs[0].token_ids == out[0, len(p):].tolist()
+
+
+def test_speculation_under_tp_changes_no_output_bit(tmp_path):
+    """N-gram drafts verified by two ranks (every drafted row's logits, LOGITS_ALL in the step message): tokens
+    and logprobs bit for bit those of the same TP=2 engine without speculation."""
+    hf = make_checkpoint(tmp_path, "qwen3_gqa2_headdim32_untied")
+    _, arrivals = _workload(hf.config.vocab_size)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2,
+            "disable_by_batch_size": 16}
+    plain, _ = _run(str(tmp_path), 2, arrivals)
+    got, stats = _run(str(tmp_path), 2, arrivals, speculative_config=spec)
+    assert stats["spec_decode_num_accepted_tokens"] > 0
+    for rid in plain:
+        for a, b in zip(plain[rid].outputs, got[rid].outputs):
+            assert (b.token_ids, [(x.token_id, x.logprob, x.top) for x in b.logprobs or []]) == \
+                (a.token_ids, [(x.token_id, x.logprob, x.top) for x in a.logprobs or []]), rid
 
 
 def test_smollm2_tp2_equals_tp1_through_the_llm_api():

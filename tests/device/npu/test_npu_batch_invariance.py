@@ -85,3 +85,18 @@ def test_prompt_logprobs_on_the_npu(model, tok):  # noqa: F811 (the fixture)
     got = torch.tensor([e[1] for e in entries[0]])
     want = ref[torch.arange(len(TARGET) - 1), torch.tensor(TARGET[1:])]
     torch.testing.assert_close(got, want, atol=0.05, rtol=0)  # bf16: ~2^-8 of logits near 10
+
+
+def test_speculation_changes_no_output_bit_on_the_npu(model, tok):  # noqa: F811 (the fixture)
+    """N-gram drafts verified in the emulated NPU's mixed TND batch: tokens and logprobs as without speculation."""
+    spec = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+            "disable_by_batch_size": 16}
+    arrivals = [(0, "t", TARGET, params(m)) for m in ["greedy"]] + [(1, "s", TARGET[:60], params("seeded"))]
+    plain = run_all(engine(model, tok, "npu"), arrivals)
+    eng = engine(model, tok, "npu", speculative_config=spec)
+    got = run_all(eng, arrivals)
+    assert {r: signature(o) for r, o in got.items()} == {r: signature(o) for r, o in plain.items()}
+    s = eng.stats()
+    assert s["spec_decode_num_accepted_tokens"] > 0 and s["kv_used_blocks"] == 0
+    with pytest.raises(ValueError, match="16 query tokens"):
+        engine(model, tok, "npu", speculative_config=dict(spec, num_speculative_tokens=16))
