@@ -207,3 +207,32 @@ def test_every_step_is_within_budget_under_random_arrivals(chunk):
             if not q.finished:
                 s.finish(q)
     assert s.manager.stats().used_blocks == 0
+
+
+def test_drafts_ride_with_their_decode_and_give_back_what_is_rejected():
+    """A speculating sequence computes its last token and its drafts (every row samples); the budget counts the
+    drafts; settling keeps the accepted ones' KV and returns the rest; short of blocks the drafts go first."""
+    s = scheduler(num_blocks=6, max_tokens=6)  # 5 usable blocks of 4
+    req = add(s, request("r", prompt(6)))
+    step(s)  # the prompt
+    seq = req.sequences[0]
+    seq.draft = [1, 2, 3, 4, 5, 6, 7]
+    out = s.schedule()
+    (x,) = out.scheduled
+    assert x.tokens == [seq.output[-1]] + [1, 2, 3, 4, 5] and x.draft == [1, 2, 3, 4, 5]  # 6 tokens of budget
+    assert [r for _, r in out.sample_rows] == list(range(6)) and out.sample_ahead == list(range(6))
+    used = s.manager.stats().used_blocks
+    assert used == 3  # 6 prompt + 6 new tokens = 12 slots
+    seq.output += [1, 2, 9]  # two drafts accepted, then the bonus token
+    s.settle_speculation(seq, x.start + 1 + 2)
+    assert seq.num_computed_tokens == 9 == s.manager.num_slots(seq.seq_id)
+    assert s.manager.stats().used_blocks == 3 and seq.draft == []
+    assert s.manager.num_tokens(seq.seq_id) == 9 and seq.remaining == 1
+    # Another prompt takes the last 2 blocks: 5 drafts would need one more, so it decodes without them.
+    other = add(s, request("o", prompt(8, 50)))
+    step(s)
+    assert other.sequences[0].state == SeqState.RUNNING and s.manager.num_available_blocks() == 0
+    seq.draft = [1, 2, 3, 4, 5]
+    out = s.schedule()
+    mine = [x for x in out.scheduled if x.seq is seq]
+    assert mine and mine[0].draft == [] and len(mine[0].tokens) == 1 and not out.preempted
