@@ -1,7 +1,8 @@
 """Speculative decoding against plain decoding of the same model, batch 1, in alternating rounds.
 
     python -m benchmarks.spec_decode [--model PATH] [--dtype float32] [--rounds 3] [--k 4] [--lookup 2,4]
-                                     [--draft PATH] [--batch-w]
+                                     [--draft PATH [--draft-dtype bfloat16]] [--batch-w]
+                                     [--llamacpp .venv-llamacpp/build/bin [--llamacpp-model F] [--llamacpp-draft F]]
 
 Workloads (chat prompts through the model's template, greedy, up to --max-tokens, natural EOS): input-grounded
 work where the answer repeats the input (rename in a source file, reformat a JSON document, quote a passage with
@@ -9,6 +10,10 @@ small edits) and open chat. Outputs are the same bits with and without speculati
 each configuration does the same work. Reported per workload and configuration: TPOT (time per output token after
 the first) min / median / max over rounds, the same-round ratio to plain decoding, the acceptance (accepted /
 drafted tokens) and how much of the output is copied from the prompt (characters in common runs of 20+).
+--llamacpp: llama.cpp's own speculation on the same prompts (rtp-llm's chat template applied, greedy), in the
+same rounds: llama-lookup (n-gram lookup decoding, --draft-max k; with --draft-max 0 its plain decoding) and, with
+--llamacpp-draft, llama-speculative (draft-model speculation). TPOT is 1 / the "decoded ... speed" they print
+(generation only). The model file defaults to --model.
 --batch-w: also W's shape (32 requests of 128 random tokens, 128 new) with speculation on vs off.
 --batch-rule 1,2,4,8,16: throughput of that many concurrent requests (the workloads in turn, 96 tokens each, EOS
 ignored) with every step speculating (disable_by_batch_size off) vs plain: where the engine's default rule comes from.
@@ -77,6 +82,24 @@ def _one(llm: LLM, prompt: str, max_tokens: int):
     return o.token_ids, o.text, tpot, drafted, accepted
 
 
+def _llamacpp(bin_dir: str, tool: str, model: str, prompt: str, max_tokens: int, k: int, draft=None):
+    """(TPOT s, drafted, accepted) of one llama.cpp run, greedy, 2 threads."""
+    import re
+    import subprocess
+
+    cmd = [os.path.join(bin_dir, tool), "-m", model, "-p", prompt, "-n", str(max_tokens), "-t", str(os.cpu_count()),
+           "-c", "4096", "--temp", "0", "--draft-max", str(k), "--draft-min", "0"]
+    if draft:
+        cmd += ["-md", draft]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    log = run.stdout + run.stderr
+    m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
+    if run.returncode != 0 or m is None:
+        raise SystemExit(f"{tool} failed ({run.returncode}):\n{log[-2000:]}")
+    grab = lambda name: int(re.search(name + r"\s*=\s*(\d+)", log).group(1))  # noqa: E731
+    return float(m.group(2)) / max(int(m.group(1)), 1), grab("n_drafted"), grab("n_accept")
+
+
 def _w(llm: LLM) -> float:
     from benchmarks.workloads import WORKLOADS as W
 
@@ -124,6 +147,10 @@ def main() -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--batch-w", action="store_true")
     ap.add_argument("--batch-rule", help="comma-separated concurrencies")
+    ap.add_argument("--draft-dtype", help="the draft model's dtype (default: --dtype)")
+    ap.add_argument("--llamacpp", help="llama.cpp's bin directory (benchmarks/peers/setup_llamacpp.sh builds it)")
+    ap.add_argument("--llamacpp-model", help="the GGUF llama.cpp runs (default: --model)")
+    ap.add_argument("--llamacpp-draft", help="the draft GGUF for llama-speculative")
     args = ap.parse_args()
     if args.batch_rule:
         return _batch_rule(args, [int(c) for c in args.batch_rule.split(",")])
@@ -134,6 +161,8 @@ def main() -> None:
                          "prompt_lookup_max": hi}}
     if args.draft:
         configs["draft"] = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.k}
+        if args.draft_dtype:
+            configs["draft"]["dtype"] = args.draft_dtype
     common = dict(model=args.model, dtype=args.dtype, max_model_len=4096, enable_prefix_caching=False,
                   kv_cache_memory_gb=0.5)
     llms = {name: LLM(speculative_config=cfg, **common) for name, cfg in configs.items()}
@@ -141,9 +170,16 @@ def main() -> None:
     prompts = {w: WORKLOADS[w]() for w in names}
     for llm in llms.values():  # warm-up
         _one(llm, prompts[names[0]], 16)
-    tpot = {(w, c): [] for w in names for c in configs}
-    acc = {(w, c): [0, 0] for w in names for c in configs}
-    ratio = {(w, c): [] for w in names for c in configs}
+    peers = []
+    if args.llamacpp:
+        peers = [("llama.cpp plain", "llama-lookup", 0, None), ("llama.cpp lookup", "llama-lookup", args.k, None)]
+        if args.llamacpp_draft:
+            peers.append(("llama.cpp draft", "llama-speculative", args.k, args.llamacpp_draft))
+    peer_model = args.llamacpp_model or args.model
+    columns = list(configs) + [p[0] for p in peers]
+    tpot = {(w, c): [] for w in names for c in columns}
+    acc = {(w, c): [0, 0] for w in names for c in columns}
+    ratio = {(w, c): [] for w in names for c in columns}
     info = {}
     for r in range(args.rounds):
         for w in names:
@@ -159,6 +195,13 @@ def main() -> None:
                 ratio[w, c].append(t / ref[1])
                 acc[w, c][0] += drafted
                 acc[w, c][1] += accepted
+            for c, tool, k, draft in peers:
+                text = llms["plain"].processor.render_chat([{"role": "user", "content": prompts[w]}], True)
+                t, drafted, accepted = _llamacpp(args.llamacpp, tool, peer_model, text, args.max_tokens, k, draft)
+                tpot[w, c].append(t)
+                ratio[w, c].append(t / ref[1])
+                acc[w, c][0] += drafted
+                acc[w, c][1] += accepted
         print(f"round {r + 1}/{args.rounds} done", flush=True)
     print(f"\nmodel {args.model or 'default (SmolLM2-135M-Instruct)'}, {args.dtype}, k={args.k}, ngram lookup "
           f"{lo}..{hi}, {args.rounds} rounds, batch 1")
@@ -167,7 +210,7 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for w in names:
         n_out, share, n_in = info[w]
-        for c in configs:
+        for c in columns:
             ts = sorted(x * 1e3 for x in tpot[w, c])
             d, a = acc[w, c]
             print(f"| {w} | {n_in} / {n_out} | {share:.0%} | {c} | {ts[0]:.2f} / {statistics.median(ts):.2f} / "

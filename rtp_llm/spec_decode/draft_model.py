@@ -5,8 +5,8 @@ Per step, for the sequences that draft: one forward catches the draft's KV up wi
 first time, then the accepted tokens and the bonus token) and samples draft 1 from the last row; k - 1 one-token
 forwards sample the rest. A draft row samples as the target's row would (the request's temperature, top-k/p,
 penalties and bias, its seed and step), so a seeded request's draft follows the same noise as its verification
-(engine/core.py keeps a draft while it equals the target's sample). After verification the draft's KV keeps what
-was accepted. The draft's KV holds (disable_by_batch_size + 1) x max_model_len tokens at most; a sequence that does
+(engine/core.py keeps a draft while it equals the target's sample), and a constrained request's under a copy of
+its grammar that follows the drafts. After verification the draft's KV keeps what was accepted. The draft's KV holds (disable_by_batch_size + 1) x max_model_len tokens at most; a sequence that does
 not fit after evicting the least recently drafted ones drafts nothing that step.
 """
 
@@ -24,6 +24,7 @@ from rtp_llm.cache import KVBuffer, KVCacheManager, OutOfBlocksError
 from rtp_llm.device.forward_batch import ForwardBatch
 from rtp_llm.errors import MissingFileError
 from rtp_llm.sampling import Sampler, SamplingBatch
+from rtp_llm.sampling.grammar import Grammar
 from rtp_llm.spec_decode.proposer import Proposer
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class DraftModelProposer(Proposer):
         device = target.device
         self.model, self.cfg = load_engine_model(dc, device)
         self.vocab = min(self.cfg.vocab_size, target.vocab_size)
+        self.target_vocab = target.vocab_size
+        self.grammars = target.grammars  # a constrained request's drafts are sampled under its grammar
         try:
             draft_vocab = Tokenizer.load(config.model).backend.get_vocab()
         except MissingFileError:  # a checkpoint without tokenizer files: taken to share the target's, as vLLM does
@@ -113,12 +116,29 @@ class DraftModelProposer(Proposer):
         batch = ForwardBatch.build(tokens, starts, slots, table, self.block_size, [1] * len(ids), self.device)
         return self.model.compute_logits(self.model(batch, self.kv, self.attn))[:, :self.vocab]
 
-    def _sample(self, seqs, drafts, logits) -> list[int]:
+    def _sample(self, seqs, drafts, logits, walked: dict) -> list[int]:
+        """Each row as the target would sample it after the drafts so far (a constrained sequence under a copy of
+        its grammar that has consumed them: `walked`)."""
         outputs = [s.output + d for s, d in zip(seqs, drafts)]
         batch = SamplingBatch.build([s.request.params for s in seqs], [s.seed for s in seqs],
                                     [len(o) for o in outputs], [s.prompt for s in seqs], outputs, logits.shape[-1],
                                     logits.device)
+        constrained = [(i, walked[s]) for i, s in enumerate(seqs) if s in walked]
+        if constrained:
+            masks = self.grammars.masks([g for _, g in constrained], self.target_vocab)[:, :logits.shape[-1]]
+            batch.grammar = (torch.tensor([i for i, _ in constrained], dtype=torch.long).to(logits.device),
+                             masks.to(logits.device))
         return self.sampler(logits, batch).token_ids.cpu().tolist()
+
+    @staticmethod
+    def _walk(s, drafts: list[int], walked: dict) -> bool:
+        """Feeds s's newest draft to its grammar's copy (constrained sequences); False when the grammar refuses it."""
+        g = walked.get(s)
+        if g is None:
+            return True
+        t = int(drafts[-1])
+        m = g.matcher
+        return not m.is_stopped() and m.validate_tokens([t]) == 1 and m.consume_token(t)
 
     # --- the interface ------------------------------------------------------------------------------------------
     def propose(self, seqs: Sequence, ks: Sequence[int], hidden=None) -> list[list[int]]:
@@ -136,11 +156,24 @@ class DraftModelProposer(Proposer):
         starts = [m.num_slots(s.seq_id) - len(sl) for s, sl in zip(live, slots)]
         logits = self._forward([s.seq_id for s in live], [s.all_tokens()[st:] for s, st in zip(live, starts)], starts,
                                slots)
-        for s, t in zip(live, self._sample(live, [[]] * len(live), logits)):
+        # constrained sequences: a copy of the grammar that follows the drafts (the sequence's own stays put)
+        walked = {s: Grammar(s.grammar.matcher.deep_copy()) for s in live
+                  if s.grammar is not None and s.grammar.active}
+        for s, t in zip(live, self._sample(live, [[]] * len(live), logits, walked)):
             drafts[s].append(t)
         k_of = dict(zip((s.seq_id for s in seqs), ks))
+        self._draft_rest(live, drafts, k_of, walked)
+        for s in seqs:
+            if m.has_sequence(s.seq_id):
+                self._lru.pop(s.seq_id, None)
+                self._lru[s.seq_id] = [s.num_tokens, len(drafts[s]), False]
+        return [drafts[s] for s in seqs]
+
+    def _draft_rest(self, live, drafts, k_of, walked) -> None:
+        """Drafts 2..k: one-token forwards of the newest draft, batched over the sequences still drafting."""
+        m = self.manager
         while True:
-            live = [s for s in live if len(drafts[s]) < k_of[s.seq_id]]
+            live = [s for s in live if len(drafts[s]) < k_of[s.seq_id] and self._walk(s, drafts[s], walked)]
             if not live:
                 break
             ids = np.fromiter((s.seq_id for s in live), dtype=np.int64, count=len(live))
@@ -152,13 +185,8 @@ class DraftModelProposer(Proposer):
                 break  # the drafts so far stand
             starts = [m.num_slots(s.seq_id) - 1 for s in live]
             logits = self._forward(list(ids), [[t] for t in toks.tolist()], starts, [sl[i:i + 1] for i in range(len(live))])
-            for s, t in zip(live, self._sample(live, [drafts[s] for s in live], logits)):
+            for s, t in zip(live, self._sample(live, [drafts[s] for s in live], logits, walked)):
                 drafts[s].append(t)
-        for s in seqs:
-            if m.has_sequence(s.seq_id):
-                self._lru.pop(s.seq_id, None)
-                self._lru[s.seq_id] = [s.num_tokens, len(drafts[s]), False]
-        return [drafts[s] for s in seqs]
 
     def accepted(self, seq, num_accepted: int) -> None:
         """The draft's KV keeps the context it drafted from and the accepted drafts it computed (the last draft

@@ -5,7 +5,7 @@ num_speculative_tokens bounded so that the accepted run plus the bonus token fit
 No sequence drafts in a step with more than `max_batch` of them decoding (there the step is compute-bound: more
 rows cost time, while at small batches they ride on the same weight pass). A sequence whose drafts are all rejected
 backs off: after m misses in a row it skips 2^m - 1 steps (at most 15) before drafting again. A grammar-constrained
-sequence drafts only the prefix of tokens its grammar accepts.
+sequence drafts only the prefix of tokens its grammar accepts, up to its first stop token.
 
 Verification itself is the engine's (engine/core.py): each drafted row samples exactly as plain decoding would at
 that position, and a draft is kept while it equals that sample, so the output is the same bits as without
@@ -59,7 +59,10 @@ class Speculator:
             return
         for s, d in zip(want, self.proposer.propose(want, ks)):
             if d and s.grammar is not None:
+                # The prefix the grammar accepts, and no stop token: a matcher cannot roll back past one (the
+                # grammar's walk along the drafts must come back).
                 d = d[:s.grammar.matcher.validate_tokens(d)]
+                d = d[:next((i for i, t in enumerate(d) if t in s.request.min_tokens_ids), len(d))]
             s.draft = list(d)
 
     def verified(self, seq, num_drafts: int, num_accepted: int) -> None:

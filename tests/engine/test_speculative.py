@@ -149,13 +149,17 @@ def test_stop_string_inside_an_accepted_run(tiny):
     assert engine.stats()["kv_used_blocks"] == 0
 
 
-def test_structured_output_under_speculation(tiny):
-    # A regex whose matches repeat: the grammar walks along the drafts and back.
+@pytest.mark.parametrize("proposer", ["ngram", "draft_model"])
+def test_structured_output_under_speculation(tiny, drafts, proposer):
+    # A regex whose matches repeat: the grammar walks along the drafts and back; a draft model's drafts that the
+    # grammar refuses are cut before verification.
     params = SamplingParams(max_tokens=40, temperature=0.9, seed=2, logprobs=2,
                             structured_outputs={"regex": "((ab|cd|ef) ){3,12}"})
     prompt = _repetitive(random.Random(5), 30)
     plain = run_all(tiny.engine(), [(0, "r", prompt, params)])["r"].outputs[0]
-    engine = tiny.engine(speculative_config=NGRAM)
+    spec = NGRAM if proposer == "ngram" else {"method": "draft_model", "model": drafts["same"],
+                                              "num_speculative_tokens": 3, "dtype": "bfloat16"}
+    engine = tiny.engine(speculative_config=spec)
     spec = run_all(engine, [(0, "r", prompt, params)])["r"].outputs[0]
     assert signature_of(spec) == signature_of(plain)
     assert engine.stats()["spec_decode_num_draft_tokens"] > 0
