@@ -11,7 +11,7 @@ each configuration does the same work. Reported per workload and configuration: 
 the first) min / median / max over rounds, the same-round ratio to plain decoding, the acceptance (accepted /
 drafted tokens) and how much of the output is copied from the prompt (characters in common runs of 20+).
 --llamacpp: llama.cpp's own speculation on the same prompts (rtp-llm's chat template applied, greedy), in the
-same rounds: llama-lookup (n-gram lookup decoding, --draft-max k; with --draft-max 0 its plain decoding) and, with
+same rounds: llama-lookup (n-gram lookup decoding, --spec-draft-n-max k; with 0 its plain decoding) and, with
 --llamacpp-draft, llama-speculative (draft-model speculation). TPOT is 1 / the "decoded ... speed" they print
 (generation only). The model file defaults to --model.
 --batch-w: also W's shape (32 requests of 128 random tokens, 128 new) with speculation on vs off.
@@ -88,7 +88,7 @@ def _llamacpp(bin_dir: str, tool: str, model: str, prompt: str, max_tokens: int,
     import subprocess
 
     cmd = [os.path.join(bin_dir, tool), "-m", model, "-p", prompt, "-n", str(max_tokens), "-t", str(os.cpu_count()),
-           "-c", "4096", "--temp", "0", "--draft-max", str(k), "--draft-min", "0"]
+           "-c", "4096", "--temp", "0", "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0"]
     if draft:
         cmd += ["-md", draft]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
