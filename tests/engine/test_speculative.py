@@ -205,3 +205,44 @@ def test_draft_model_under_preemption(tiny, drafts):
     assert engine.scheduler.num_preemptions > 0
     assert _signatures(got) == _signatures(plain)
     assert engine.speculator.proposer.manager.stats().num_sequences == 0
+
+
+def _seqs(n, prompt, max_tokens=50):
+    from rtp_llm.engine.sequence import Request, Sequence
+
+    out = []
+    for i in range(n):
+        req = Request(f"r{i}", list(prompt), SamplingParams(max_tokens=max_tokens))
+        req.sequences = [Sequence(i + 1, req, 0, seed=0, detok=None)]
+        out += req.sequences
+    return out
+
+
+def test_speculator_rules_batch_cap_and_back_off():
+    from rtp_llm.spec_decode import NgramProposer, Speculator
+
+    cfg = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+                                   "prompt_lookup_max": 2, "disable_by_batch_size": 2})
+    spec = Speculator(cfg, NgramProposer(1, 2), max_model_len=64)
+    loop = [5, 6, 7, 8] * 4
+    a, b, c = _seqs(3, loop)
+    spec.propose([a, b, c])  # three decoding, more than disable_by_batch_size
+    assert a.draft == b.draft == c.draft == []
+    spec.propose([a, b])
+    assert a.draft == [5, 6, 7, 8] and b.draft == [5, 6, 7, 8]
+    # max_tokens: the accepted drafts plus the bonus token must fit
+    (d,) = _seqs(1, loop, max_tokens=3)
+    spec.propose([d])
+    assert d.draft == [5, 6]
+    # back-off: after m misses in a row, 2^m - 1 steps without drafts
+    for misses, skipped in ((1, 1), (2, 3), (3, 7)):
+        spec.verified(a, 4, 0)
+        assert a.spec_misses == misses
+        for _ in range(skipped):
+            spec.propose([a])
+            assert a.draft == []
+        spec.propose([a])
+        assert a.draft == [5, 6, 7, 8]
+    spec.verified(a, 4, 2)
+    assert a.spec_misses == 0 and spec.accepted_per_pos == [1, 1, 0, 0]
+    assert (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens) == (4, 16, 2)
