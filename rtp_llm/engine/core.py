@@ -245,7 +245,10 @@ class EngineCore:
         self.counters["steps"] += 1
         self._count_prompt_tokens(sched)
         try:
+            t0 = time.perf_counter()
             result = self.runner.execute(sched)
+            if self.speculator is not None:
+                self.speculator.observe_step(sched, time.perf_counter() - t0)
         except TPWorkerError:
             raise  # the tensor-parallel group is broken: fatal for the engine
         except Exception as exc:  # a failed step fails its requests, not the engine

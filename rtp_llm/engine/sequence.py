@@ -57,6 +57,7 @@ class Sequence:
     draft: list[int] = field(default_factory=list)
     spec_misses: int = 0
     spec_skip: int = 0
+    spec_record: Optional[tuple[float, float]] = None  # recent accepted / rejected drafts (spec_decode/speculator.py)
 
     @property
     def prompt(self) -> list[int]:

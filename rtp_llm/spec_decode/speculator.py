@@ -1,11 +1,17 @@
 """The speculator: which sequences draft this step, how many tokens, and what verification taught.
 
-Per step, before scheduling: every running sequence about to decode may draft up to k tokens, where k is
-num_speculative_tokens bounded so that the accepted run plus the bonus token fits max_tokens and max_model_len.
-No sequence drafts in a step with more than `max_batch` of them decoding (there the step is compute-bound: more
-rows cost time, while at small batches they ride on the same weight pass). A sequence whose drafts are all rejected
-backs off: after m misses in a row it skips 2^m - 1 steps (at most 15) before drafting again. A grammar-constrained
-sequence drafts only the prefix of tokens its grammar accepts, up to its first stop token.
+Per step, before scheduling, every running sequence about to decode may draft up to k tokens:
+- No sequence drafts in a step with more than `max_batch` of them decoding: from there a CPU step is compute-bound
+  and the extra rows cost time (benchmarks/spec_decode.py --batch-rule).
+- How many: a sequence's drafts are taken as accepted one after another with probability a (its acceptance, an
+  average over its recent verifications), so k drafts yield (1 - a^(k+1)) / (1 - a) tokens for a step that costs
+  1 + c k times a plain one, where c, the cost of an extra row relative to a one-row step, is fitted online to
+  the engine's own decode steps (t = t0 + t1 rows). The speculator drafts the k (at most num_speculative_tokens)
+  that maximises tokens per cost, and none when no k beats plain decoding; such a sequence probes with one draft
+  every 8 steps so that its estimate can recover.
+- A sequence whose drafts were all rejected m times in a row skips 2^m - 1 steps (at most 15).
+- k is capped so that the accepted run plus the bonus token fits max_tokens and max_model_len; a constrained sequence
+  drafts only the prefix its grammar accepts, up to its first stop token.
 
 Verification itself is the engine's (engine/core.py): each drafted row samples exactly as plain decoding would at
 that position, and a draft is kept while it equals that sample, so the output is the same bits as without
@@ -25,6 +31,37 @@ log = logging.getLogger(__name__)
 # Running decodes above which a step does not speculate, unless speculative_config.disable_by_batch_size says.
 DEFAULT_MAX_BATCH = 4
 _MAX_BACKOFF = 15
+_PROBE_EVERY = 8
+_DECAY = 0.8           # of a sequence's acceptance record per verification
+_PRIOR = (1.5, 0.5)    # a new sequence's record: accepted, rejected (acceptance 0.75)
+_COST_PRIOR = 0.15     # an extra row's cost relative to a one-row step, until the fit has data
+
+
+class StepCost:
+    """t = t0 + t1 * rows over recent decode-only steps (exponentially weighted least squares): the relative cost
+    of one more row, t1 / (t0 + t1)."""
+
+    def __init__(self, decay: float = 0.97):
+        self.decay = decay
+        self.n = self.sr = self.st = self.srr = self.srt = 0.0
+        self.count = 0
+
+    def observe(self, rows: int, seconds: float) -> None:
+        d = self.decay
+        self.n, self.sr, self.st = d * self.n + 1, d * self.sr + rows, d * self.st + seconds
+        self.srr, self.srt = d * self.srr + rows * rows, d * self.srt + rows * seconds
+        self.count += 1
+
+    @property
+    def extra_row(self) -> float:
+        var = self.n * self.srr - self.sr * self.sr
+        if self.count < 8 or var <= 1e-9 * max(self.n * self.srr, 1):
+            return _COST_PRIOR
+        t1 = (self.n * self.srt - self.sr * self.st) / var
+        t0 = (self.st - t1 * self.sr) / self.n
+        if t0 + t1 <= 0:
+            return _COST_PRIOR
+        return min(max(t1 / (t0 + t1), 0.0), 1.0)
 
 
 class Speculator:
@@ -36,6 +73,21 @@ class Speculator:
         # vLLM's spec-decode counters: steps with drafts, drafted and accepted tokens, accepted per draft position.
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
         self.accepted_per_pos = [0] * self.k
+        self.cost = StepCost()
+
+    def best_k(self, seq, k_max: int) -> int:
+        """The draft count with the most expected tokens per unit of step cost; 0 when none beats plain decoding."""
+        acc, rej = seq.spec_record or _PRIOR
+        a = acc / (acc + rej)
+        c = self.cost.extra_row
+        best, best_gain, tokens, p = 0, 1.0, 1.0, 1.0
+        for k in range(1, k_max + 1):
+            p *= a
+            tokens += p
+            gain = tokens / (1 + c * k)
+            if gain > best_gain:
+                best, best_gain = k, gain
+        return best
 
     def propose(self, decoding: Sequence) -> None:
         """Sets seq.draft for every sequence about to decode ([] where it does not speculate)."""
@@ -52,6 +104,11 @@ class Speculator:
             if s.grammar is not None and not s.grammar.active:
                 continue  # the constraint starts after a trigger: drafts would need it mid-run
             k = min(self.k, s.request.params.max_tokens - len(s.output) - 1, self.max_model_len - s.num_tokens)
+            if k > 0:
+                k = self.best_k(s, k)
+                if k == 0:  # speculation does not pay at its acceptance: one draft now and then to find out
+                    s.spec_skip = _PROBE_EVERY - 1
+                    k = 1
             if k > 0:
                 want.append(s)
                 ks.append(k)
@@ -72,12 +129,20 @@ class Speculator:
         self.num_accepted_tokens += num_accepted
         for p in range(num_accepted):
             self.accepted_per_pos[p] += 1
+        acc, rej = seq.spec_record or _PRIOR
+        seq.spec_record = (_DECAY * acc + num_accepted, _DECAY * rej + (num_accepted < num_drafts))
         if num_accepted == 0:
             seq.spec_misses += 1
             seq.spec_skip = min(2 ** seq.spec_misses - 1, _MAX_BACKOFF)
         else:
             seq.spec_misses = 0
         self.proposer.accepted(seq, num_accepted)
+
+    def observe_step(self, sched, seconds: float) -> None:
+        """A step's duration, for the cost of a row: decode-only steps small enough to speculate."""
+        items = sched.scheduled  # (before the step's tokens are appended: a decode starts at its last token)
+        if items and len(items) <= self.max_batch and all(x.start == x.seq.num_tokens - 1 for x in items):
+            self.cost.observe(sum(len(x.tokens) for x in items), seconds)
 
     def release(self, seq) -> None:
         seq.draft = []

@@ -218,8 +218,17 @@ def _seqs(n, prompt, max_tokens=50):
     return out
 
 
-def test_speculator_rules_batch_cap_and_back_off():
+def _expected_k(acceptance, extra_row, k_max):
+    """Tokens per cost of k drafts, each accepted with probability a after the one before: the k that maximises it,
+    0 when none beats a plain step."""
+    gains = {k: sum(acceptance ** j for j in range(k + 1)) / (1 + extra_row * k) for k in range(k_max + 1)}
+    best = max(gains, key=lambda k: (gains[k], -k))
+    return best if gains[best] > 1.0 else 0
+
+
+def test_speculator_rules_batch_cap_back_off_and_draft_count():
     from rtp_llm.spec_decode import NgramProposer, Speculator
+    from rtp_llm.spec_decode.speculator import _COST_PRIOR
 
     cfg = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
                                    "prompt_lookup_max": 2, "disable_by_batch_size": 2})
@@ -228,21 +237,45 @@ def test_speculator_rules_batch_cap_and_back_off():
     a, b, c = _seqs(3, loop)
     spec.propose([a, b, c])  # three decoding, more than disable_by_batch_size
     assert a.draft == b.draft == c.draft == []
-    spec.propose([a, b])
+    spec.propose([a, b])  # a new sequence is taken to accept 3 drafts in 4: all 4 pay
     assert a.draft == [5, 6, 7, 8] and b.draft == [5, 6, 7, 8]
     # max_tokens: the accepted drafts plus the bonus token must fit
     (d,) = _seqs(1, loop, max_tokens=3)
     spec.propose([d])
     assert d.draft == [5, 6]
-    # back-off: after m misses in a row, 2^m - 1 steps without drafts
-    for misses, skipped in ((1, 1), (2, 3), (3, 7)):
+    # all rejected m times in a row: 2^m - 1 steps without drafts, then as many drafts as pay at its record
+    for misses, skipped in ((1, 1), (2, 3)):
         spec.verified(a, 4, 0)
         assert a.spec_misses == misses
         for _ in range(skipped):
             spec.propose([a])
             assert a.draft == []
         spec.propose([a])
-        assert a.draft == [5, 6, 7, 8]
-    spec.verified(a, 4, 2)
-    assert a.spec_misses == 0 and spec.accepted_per_pos == [1, 1, 0, 0]
-    assert (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens) == (4, 16, 2)
+        acc, rej = a.spec_record
+        k = _expected_k(acc / (acc + rej), _COST_PRIOR, 4)
+        assert len(a.draft) == max(k, 1) and a.draft == [5, 6, 7, 8][:len(a.draft)]
+    a.spec_skip, a.spec_record = 0, (0.2, 3.0)  # acceptance so low that no draft pays: one probe, 7 steps without
+    assert _expected_k(0.2 / 3.2, _COST_PRIOR, 4) == 0
+    spec.propose([a])
+    assert a.draft == [5]
+    for _ in range(7):
+        spec.propose([a])
+        assert a.draft == []
+    spec.verified(b, 4, 2)
+    assert b.spec_misses == 0 and spec.accepted_per_pos == [1, 1, 0, 0]
+    assert (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens) == (3, 12, 2)
+
+
+def test_step_cost_fit_recovers_the_cost_of_a_row():
+    from rtp_llm.spec_decode.speculator import _COST_PRIOR, StepCost
+
+    cost = StepCost()
+    assert cost.extra_row == _COST_PRIOR
+    for i in range(40):
+        rows = 1 + (i % 3) * 2
+        cost.observe(rows, 0.010 + 0.002 * rows)
+    assert abs(cost.extra_row - 0.002 / 0.012) < 1e-9
+    same = StepCost()
+    for _ in range(40):  # one row count only: no slope to fit, the prior stands
+        same.observe(1, 0.01)
+    assert same.extra_row == _COST_PRIOR
