@@ -5,8 +5,8 @@ Per step, before scheduling, every running sequence about to decode may draft up
   and the extra rows cost time (benchmarks/spec_decode.py --batch-rule).
 - How many: a sequence's drafts are taken as accepted one after another with probability a (its acceptance, an
   average over its recent verifications), so k drafts yield (1 - a^(k+1)) / (1 - a) tokens for a step that costs
-  1 + c k times a plain one, where c, the cost of an extra row relative to a one-row step, is fitted online to
-  the engine's own decode steps (t = t0 + t1 rows). The speculator drafts the k (at most num_speculative_tokens)
+  t(b + k) / t(b) times a plain one, t(r) being the engine's own decode steps of r rows, timed as they run (b: the
+  step's plain rows). The speculator drafts the k (at most num_speculative_tokens)
   that maximises tokens per cost, and none when no k beats plain decoding; such a sequence probes with one draft
   every 8 steps so that its estimate can recover.
 - A sequence whose drafts were all rejected m times in a row skips 2^m - 1 steps (at most 15).
@@ -34,34 +34,27 @@ _MAX_BACKOFF = 15
 _PROBE_EVERY = 8
 _DECAY = 0.8           # of a sequence's acceptance record per verification
 _PRIOR = (1.5, 0.5)    # a new sequence's record: accepted, rejected (acceptance 0.75)
-_COST_PRIOR = 0.15     # an extra row's cost relative to a one-row step, until the fit has data
+_COST_PRIOR = 0.15     # an extra row's cost relative to a one-row step, until steps of that size were timed
 
 
 class StepCost:
-    """t = t0 + t1 * rows over recent decode-only steps (exponentially weighted least squares): the relative cost
-    of one more row, t1 / (t0 + t1)."""
+    """The engine's own decode-only steps, timed: an average duration per row count (the CPU kernels' cost is not
+    linear in rows: a few more rows can be free or cost a third more), so that k drafts beside b plain rows cost
+    t(b + k) / t(b) of a plain step. Row counts not seen yet cost 1 + _COST_PRIOR per extra row."""
 
-    def __init__(self, decay: float = 0.97):
+    def __init__(self, decay: float = 0.8):
         self.decay = decay
-        self.n = self.sr = self.st = self.srr = self.srt = 0.0
-        self.count = 0
+        self.seconds: dict[int, float] = {}
 
     def observe(self, rows: int, seconds: float) -> None:
-        d = self.decay
-        self.n, self.sr, self.st = d * self.n + 1, d * self.sr + rows, d * self.st + seconds
-        self.srr, self.srt = d * self.srr + rows * rows, d * self.srt + rows * seconds
-        self.count += 1
+        old = self.seconds.get(rows)
+        self.seconds[rows] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
 
-    @property
-    def extra_row(self) -> float:
-        var = self.n * self.srr - self.sr * self.sr
-        if self.count < 8 or var <= 1e-9 * max(self.n * self.srr, 1):
-            return _COST_PRIOR
-        t1 = (self.n * self.srt - self.sr * self.st) / var
-        t0 = (self.st - t1 * self.sr) / self.n
-        if t0 + t1 <= 0:
-            return _COST_PRIOR
-        return min(max(t1 / (t0 + t1), 0.0), 1.0)
+    def relative(self, base: int, extra: int) -> float:
+        t0, t1 = self.seconds.get(base), self.seconds.get(base + extra)
+        if t0 is None or t1 is None or t0 <= 0:
+            return 1 + _COST_PRIOR * extra
+        return t1 / t0
 
 
 class Speculator:
@@ -75,16 +68,16 @@ class Speculator:
         self.accepted_per_pos = [0] * self.k
         self.cost = StepCost()
 
-    def best_k(self, seq, k_max: int) -> int:
-        """The draft count with the most expected tokens per unit of step cost; 0 when none beats plain decoding."""
+    def best_k(self, seq, k_max: int, base: int = 1) -> int:
+        """The draft count with the most expected tokens per unit of step cost (beside `base` plain rows); 0 when
+        none beats plain decoding."""
         acc, rej = seq.spec_record or _PRIOR
         a = acc / (acc + rej)
-        c = self.cost.extra_row
         best, best_gain, tokens, p = 0, 1.0, 1.0, 1.0
         for k in range(1, k_max + 1):
             p *= a
             tokens += p
-            gain = tokens / (1 + c * k)
+            gain = tokens / self.cost.relative(base, k)
             if gain > best_gain:
                 best, best_gain = k, gain
         return best
@@ -105,7 +98,7 @@ class Speculator:
                 continue  # the constraint starts after a trigger: drafts would need it mid-run
             k = min(self.k, s.request.params.max_tokens - len(s.output) - 1, self.max_model_len - s.num_tokens)
             if k > 0:
-                k = self.best_k(s, k)
+                k = self.best_k(s, k, len(decoding))
                 if k == 0:  # speculation does not pay at its acceptance: one draft now and then to find out
                     s.spec_skip = _PROBE_EVERY - 1
                     k = 1

@@ -266,16 +266,27 @@ def test_speculator_rules_batch_cap_back_off_and_draft_count():
     assert (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens) == (3, 12, 2)
 
 
-def test_step_cost_fit_recovers_the_cost_of_a_row():
+def test_draft_count_follows_the_timed_cost_of_rows():
+    """Where a 2-row step costs a tenth more than a 1-row one and a 5-row step half as much again (near the AVX2
+    kernels at a 0.5B model), a sequence of low acceptance drafts 1 token, one of high acceptance 4, one of almost
+    none nothing."""
+    from rtp_llm.spec_decode import NgramProposer, Speculator
     from rtp_llm.spec_decode.speculator import _COST_PRIOR, StepCost
 
     cost = StepCost()
-    assert cost.extra_row == _COST_PRIOR
-    for i in range(40):
-        rows = 1 + (i % 3) * 2
-        cost.observe(rows, 0.010 + 0.002 * rows)
-    assert abs(cost.extra_row - 0.002 / 0.012) < 1e-9
-    same = StepCost()
-    for _ in range(40):  # one row count only: no slope to fit, the prior stands
-        same.observe(1, 0.01)
-    assert same.extra_row == _COST_PRIOR
+    assert cost.relative(1, 3) == 1 + 3 * _COST_PRIOR
+    for rows, t in ((1, 0.070), (2, 0.080), (5, 0.105), (1, 0.080)):
+        cost.observe(rows, t)
+    assert cost.seconds[1] == 0.8 * 0.070 + 0.2 * 0.080
+    assert cost.relative(1, 4) == 0.105 / cost.seconds[1]
+    assert cost.relative(1, 2) == 1 + 2 * _COST_PRIOR  # 3 rows never timed
+    cfg = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 4})
+    spec = Speculator(cfg, NgramProposer(5, 5), max_model_len=64)
+    spec.cost = cost
+    (low, high) = _seqs(2, [1])
+    low.spec_record, high.spec_record = (0.3, 0.7), (0.9, 0.1)
+    assert spec.best_k(low, 4) == 1 and spec.best_k(high, 4) == 4
+    low.spec_record = (0.02, 0.98)
+    assert spec.best_k(low, 4) == 0
+
+
