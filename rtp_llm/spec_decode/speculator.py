@@ -6,7 +6,7 @@ Per step, before scheduling, every running sequence about to decode may draft up
 - How many: a sequence's drafts are taken as accepted one after another with probability a (its acceptance, an
   average over its recent verifications), so k drafts yield (1 - a^(k+1)) / (1 - a) tokens for a step that costs
   t(b + k) / t(b) times a plain one, t(r) being the engine's own decode steps of r rows, timed as they run (b: the
-  step's plain rows). The speculator drafts the k (at most num_speculative_tokens)
+  step's plain rows), plus the proposer's own time for k positions. The speculator drafts the k (at most num_speculative_tokens)
   that maximises tokens per cost, and none when no k beats plain decoding; such a sequence probes with one draft
   every 8 steps so that its estimate can recover.
 - A sequence whose drafts were all rejected m times in a row skips 2^m - 1 steps (at most 15).
@@ -21,7 +21,8 @@ speculation, for greedy and seeded sampling alike.
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+import time
+from typing import Optional, Sequence
 
 from rtp_llm.config.speculative_config import SpeculativeConfig
 from rtp_llm.spec_decode.proposer import Proposer
@@ -40,21 +41,30 @@ _COST_PRIOR = 0.15     # an extra row's cost relative to a one-row step, until s
 class StepCost:
     """The engine's own decode-only steps, timed: an average duration per row count (the CPU kernels' cost is not
     linear in rows: a few more rows can be free or cost a third more), so that k drafts beside b plain rows cost
-    t(b + k) / t(b) of a plain step. Row counts not seen yet cost 1 + _COST_PRIOR per extra row."""
+    t(b + k) / t(b) of a plain step, plus the proposer's time for k positions (a draft model's k forwards). Row
+    counts not seen yet cost 1 + _COST_PRIOR per extra row."""
 
     def __init__(self, decay: float = 0.8):
         self.decay = decay
         self.seconds: dict[int, float] = {}
+        self.draft_per_token: Optional[float] = None  # the proposer's time per drafted position
 
     def observe(self, rows: int, seconds: float) -> None:
         old = self.seconds.get(rows)
         self.seconds[rows] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
 
+    def observe_drafting(self, positions: int, seconds: float) -> None:
+        per = seconds / max(positions, 1)
+        old = self.draft_per_token
+        self.draft_per_token = per if old is None else self.decay * old + (1 - self.decay) * per
+
     def relative(self, base: int, extra: int) -> float:
-        t0, t1 = self.seconds.get(base), self.seconds.get(base + extra)
-        if t0 is None or t1 is None or t0 <= 0:
+        """A step with `extra` drafted rows beside `base` plain ones, drafting included, in plain steps."""
+        t0 = self.seconds.get(base)
+        if t0 is None or t0 <= 0:
             return 1 + _COST_PRIOR * extra
-        return t1 / t0
+        t1 = self.seconds.get(base + extra, t0 * (1 + _COST_PRIOR * extra))
+        return (t1 + extra * (self.draft_per_token or 0.0)) / t0
 
 
 class Speculator:
@@ -107,7 +117,10 @@ class Speculator:
                 ks.append(k)
         if not want:
             return
-        for s, d in zip(want, self.proposer.propose(want, ks)):
+        t0 = time.perf_counter()
+        drafts = self.proposer.propose(want, ks)
+        self.cost.observe_drafting(max(ks), time.perf_counter() - t0)
+        for s, d in zip(want, drafts):
             if d and s.grammar is not None:
                 # The prefix the grammar accepts, and no stop token: a matcher cannot roll back past one (the
                 # grammar's walk along the drafts must come back).

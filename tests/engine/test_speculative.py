@@ -279,7 +279,7 @@ def test_draft_count_follows_the_timed_cost_of_rows():
         cost.observe(rows, t)
     assert cost.seconds[1] == 0.8 * 0.070 + 0.2 * 0.080
     assert cost.relative(1, 4) == 0.105 / cost.seconds[1]
-    assert cost.relative(1, 2) == 1 + 2 * _COST_PRIOR  # 3 rows never timed
+    assert cost.relative(1, 2) == 1 + 2 * _COST_PRIOR  # 3 rows never timed (and no drafting time yet)
     cfg = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 4})
     spec = Speculator(cfg, NgramProposer(5, 5), max_model_len=64)
     spec.cost = cost
@@ -288,5 +288,9 @@ def test_draft_count_follows_the_timed_cost_of_rows():
     assert spec.best_k(low, 4) == 1 and spec.best_k(high, 4) == 4
     low.spec_record = (0.02, 0.98)
     assert spec.best_k(low, 4) == 0
+    # a proposer as slow per drafted position as a plain step (a draft model as large as the target) never pays
+    cost.observe_drafting(4, 4 * 0.072)
+    assert cost.relative(1, 4) == (0.105 + 4 * 0.072) / cost.seconds[1]
+    assert spec.best_k(high, 4) == 0
 
 
