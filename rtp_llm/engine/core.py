@@ -260,6 +260,9 @@ class EngineCore:
             self._pending = []
             return outputs
         outputs.extend(self.update_from_output(sched, result))
+        if self.speculator is not None:
+            self.speculator.warm([s for s, _ in sched.sample_rows if len(s.output) == 1 and not s.finished],
+                                 len(self.scheduler.running))
         outputs.extend(self._pending)
         self._pending = []
         return outputs

@@ -1,13 +1,15 @@
 """A draft model: any supported checkpoint with the target's tokenizer drafts k tokens per step, with its own KV
 cache (its own KVCacheManager over its own KVBuffer, on the target's device).
 
-Per step, for the sequences that draft: one forward catches the draft's KV up with the sequence (its prompt the
-first time, then the accepted tokens and the bonus token) and samples draft 1 from the last row; k - 1 one-token
-forwards sample the rest. A draft row samples as the target's row would (the request's temperature, top-k/p,
-penalties and bias, its seed and step), so a seeded request's draft follows the same noise as its verification
-(engine/core.py keeps a draft while it equals the target's sample), and a constrained request's under a copy of
-its grammar that follows the drafts. After verification the draft's KV keeps what was accepted. The draft's KV holds (disable_by_batch_size + 1) x max_model_len tokens at most; a sequence that does
-not fit after evicting the least recently drafted ones drafts nothing that step.
+The draft reads a sequence's prompt in the step that computed the target's (warm: it counts in the time to the
+first token). Per step, for the sequences that draft: one forward catches the draft's KV up with the sequence (the
+accepted tokens and the bonus token) and samples draft 1 from the last row; k - 1 one-token forwards sample the
+rest. A draft row samples as the target's row would (the request's temperature, top-k/p, penalties and bias, its
+seed and step), so a seeded request's draft follows the same noise as its verification (engine/core.py keeps a
+draft while it equals the target's sample), and a constrained request's under a copy of its grammar that follows
+the drafts. After verification the draft's KV keeps what was accepted. The draft's KV holds
+(disable_by_batch_size + 1) x max_model_len tokens at most; a sequence that does not fit after evicting the least
+recently drafted ones drafts nothing that step.
 """
 
 from __future__ import annotations
@@ -79,10 +81,11 @@ class DraftModelProposer(Proposer):
                  self.kv.nbytes / (1 << 30))
 
     # --- the KV of the draft ---------------------------------------------------------------------------------
-    def _catch_up(self, s, keep: set) -> np.ndarray | None:
-        """Slots for the tokens of s the draft has not computed (its whole context the first time)."""
+    def _catch_up(self, s, keep: set, last: bool = True) -> np.ndarray | None:
+        """Slots for the tokens of s the draft has not computed (its whole context the first time); without `last`,
+        all but the last (whose logits the next proposal needs)."""
         m, sid = self.manager, s.seq_id
-        tokens = s.all_tokens()
+        tokens = s.all_tokens() if last else s.all_tokens()[:-1]
         if max(tokens) >= self.vocab:
             return None
         state = self._lru.get(sid)
@@ -109,12 +112,36 @@ class DraftModelProposer(Proposer):
         if self.manager.has_sequence(seq_id):
             self.manager.free(seq_id)
 
-    def _forward(self, ids, tokens, starts, slots) -> torch.Tensor:
+    def _forward(self, ids, tokens, starts, slots, logits: bool = True):
         width = max(-(-(st + len(t)) // self.block_size) for st, t in zip(starts, tokens))
         table = np.empty((len(ids), width), dtype=np.int32)
         self.manager.fill_block_tables(np.asarray(ids, dtype=np.int64), table)
-        batch = ForwardBatch.build(tokens, starts, slots, table, self.block_size, [1] * len(ids), self.device)
-        return self.model.compute_logits(self.model(batch, self.kv, self.attn))[:, :self.vocab]
+        batch = ForwardBatch.build(tokens, starts, slots, table, self.block_size, [int(logits)] * len(ids),
+                                   self.device)
+        h = self.model(batch, self.kv, self.attn)
+        return self.model.compute_logits(h)[:, :self.vocab] if logits else None
+
+    def _catch_up_all(self, seqs, keep: set, last: bool = True) -> tuple[list, list]:
+        """Slots for every sequence's tokens the draft has not computed; the ones that got them."""
+        live, slots = [], []
+        for s in seqs:
+            sl = self._catch_up(s, keep, last)
+            if sl is not None and len(sl):
+                live.append(s)
+                slots.append(sl)
+        return live, slots
+
+    def warm(self, seqs: Sequence) -> None:
+        live, slots = self._catch_up_all(seqs, {s.seq_id for s in seqs}, last=False)
+        if not live:
+            return
+        m = self.manager
+        starts = [m.num_slots(s.seq_id) - len(sl) for s, sl in zip(live, slots)]
+        self._forward([s.seq_id for s in live], [s.all_tokens()[st:st + len(sl)] for s, st, sl in
+                                                 zip(live, starts, slots)], starts, slots, logits=False)
+        for s in live:
+            self._lru.pop(s.seq_id, None)
+            self._lru[s.seq_id] = [s.num_tokens - 1, 0, True]
 
     def _sample(self, seqs, drafts, logits, walked: dict) -> list[int]:
         """Each row as the target would sample it after the drafts so far (a constrained sequence under a copy of
@@ -142,13 +169,7 @@ class DraftModelProposer(Proposer):
 
     # --- the interface ------------------------------------------------------------------------------------------
     def propose(self, seqs: Sequence, ks: Sequence[int], hidden=None) -> list[list[int]]:
-        keep = {s.seq_id for s in seqs}
-        live, slots = [], []
-        for s in seqs:
-            sl = self._catch_up(s, keep)
-            if sl is not None and len(sl):
-                live.append(s)
-                slots.append(sl)
+        live, slots = self._catch_up_all(seqs, {s.seq_id for s in seqs})
         drafts: dict = {s: [] for s in seqs}
         if not live:
             return [[] for _ in seqs]

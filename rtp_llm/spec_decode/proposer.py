@@ -17,6 +17,10 @@ class Proposer:
         """Drafts for each sequence: at most ks[i] tokens to follow seqs[i].all_tokens() (may be fewer, or none)."""
         raise NotImplementedError
 
+    def warm(self, seqs: Sequence) -> None:
+        """seqs have just sampled their first token: a proposer with a model of its own reads their prompts now, in
+        the step that computed the target's (time to first token), not in their first speculative step."""
+
     def accepted(self, seq, num_accepted: int) -> None:
         """After verification: seq kept `num_accepted` of its drafts (its tokens now include them and the bonus)."""
 

@@ -150,6 +150,11 @@ class Speculator:
         if items and len(items) <= self.max_batch and all(x.start == x.seq.num_tokens - 1 for x in items):
             self.cost.observe(sum(len(x.tokens) for x in items), seconds)
 
+    def warm(self, started: Sequence, running: int) -> None:
+        """Sequences that sampled their first token this step, while few enough run to speculate."""
+        if started and running <= self.max_batch:
+            self.proposer.warm(started)
+
     def release(self, seq) -> None:
         seq.draft = []
         self.proposer.release(seq)

@@ -294,3 +294,19 @@ def test_draft_count_follows_the_timed_cost_of_rows():
     assert spec.best_k(high, 4) == 0
 
 
+
+
+def test_draft_model_reads_the_prompt_with_the_target(tiny, drafts):
+    """The step that samples a request's first token also runs the draft over its prompt (time to first token), so
+    its first decode step drafts at once."""
+    spec = {"method": "draft_model", "model": drafts["same"], "num_speculative_tokens": 3}
+    engine = tiny.engine(speculative_config=spec)
+    prompt = _repetitive(random.Random(9), 40)
+    engine.add_request("r", prompt, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+    while not engine.step():
+        pass
+    (seq,) = engine.requests["r"].sequences
+    assert len(seq.output) == 1
+    assert engine.speculator.proposer.manager.num_slots(seq.seq_id) == len(prompt)
+    engine.step()
+    assert engine.stats()["spec_decode_num_drafts"] == 1
