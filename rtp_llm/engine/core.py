@@ -259,10 +259,10 @@ class EngineCore:
             outputs.extend(self._pending)
             self._pending = []
             return outputs
-        outputs.extend(self.update_from_output(sched, result))
-        if self.speculator is not None:
-            self.speculator.warm([s for s, _ in sched.sample_rows if len(s.output) == 1 and not s.finished],
+        if self.speculator is not None:  # prompts whose prefill completed, before their first token is out
+            self.speculator.warm([x.seq for x in sched.scheduled if x.needs_sample and not x.seq.output],
                                  len(self.scheduler.running))
+        outputs.extend(self.update_from_output(sched, result))
         outputs.extend(self._pending)
         self._pending = []
         return outputs

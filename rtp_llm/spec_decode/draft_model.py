@@ -1,8 +1,8 @@
 """A draft model: any supported checkpoint with the target's tokenizer drafts k tokens per step, with its own KV
 cache (its own KVCacheManager over its own KVBuffer, on the target's device).
 
-The draft reads a sequence's prompt in the step that computed the target's (warm: it counts in the time to the
-first token). Per step, for the sequences that draft: one forward catches the draft's KV up with the sequence (the
+The draft reads a sequence's prompt in the step that computed the target's (warm: before the first token is
+sampled, so it counts in the time to the first token). Per step, for the sequences that draft: one forward catches the draft's KV up with the sequence (the
 accepted tokens and the bonus token) and samples draft 1 from the last row; k - 1 one-token forwards sample the
 rest. A draft row samples as the target's row would (the request's temperature, top-k/p, penalties and bias, its
 seed and step), so a seeded request's draft follows the same noise as its verification (engine/core.py keeps a
@@ -81,11 +81,10 @@ class DraftModelProposer(Proposer):
                  self.kv.nbytes / (1 << 30))
 
     # --- the KV of the draft ---------------------------------------------------------------------------------
-    def _catch_up(self, s, keep: set, last: bool = True) -> np.ndarray | None:
-        """Slots for the tokens of s the draft has not computed (its whole context the first time); without `last`,
-        all but the last (whose logits the next proposal needs)."""
+    def _catch_up(self, s, keep: set) -> np.ndarray | None:
+        """Slots for the tokens of s the draft has not computed (its whole context the first time)."""
         m, sid = self.manager, s.seq_id
-        tokens = s.all_tokens() if last else s.all_tokens()[:-1]
+        tokens = s.all_tokens()
         if max(tokens) >= self.vocab:
             return None
         state = self._lru.get(sid)
@@ -121,18 +120,18 @@ class DraftModelProposer(Proposer):
         h = self.model(batch, self.kv, self.attn)
         return self.model.compute_logits(h)[:, :self.vocab] if logits else None
 
-    def _catch_up_all(self, seqs, keep: set, last: bool = True) -> tuple[list, list]:
+    def _catch_up_all(self, seqs, keep: set) -> tuple[list, list]:
         """Slots for every sequence's tokens the draft has not computed; the ones that got them."""
         live, slots = [], []
         for s in seqs:
-            sl = self._catch_up(s, keep, last)
+            sl = self._catch_up(s, keep)
             if sl is not None and len(sl):
                 live.append(s)
                 slots.append(sl)
         return live, slots
 
     def warm(self, seqs: Sequence) -> None:
-        live, slots = self._catch_up_all(seqs, {s.seq_id for s in seqs}, last=False)
+        live, slots = self._catch_up_all(seqs, {s.seq_id for s in seqs})
         if not live:
             return
         m = self.manager
@@ -141,7 +140,7 @@ class DraftModelProposer(Proposer):
                                                  zip(live, starts, slots)], starts, slots, logits=False)
         for s in live:
             self._lru.pop(s.seq_id, None)
-            self._lru[s.seq_id] = [s.num_tokens - 1, 0, True]
+            self._lru[s.seq_id] = [s.num_tokens, 0, True]
 
     def _sample(self, seqs, drafts, logits, walked: dict) -> list[int]:
         """Each row as the target would sample it after the drafts so far (a constrained sequence under a copy of

@@ -18,8 +18,8 @@ class Proposer:
         raise NotImplementedError
 
     def warm(self, seqs: Sequence) -> None:
-        """seqs have just sampled their first token: a proposer with a model of its own reads their prompts now, in
-        the step that computed the target's (time to first token), not in their first speculative step."""
+        """seqs' prompts were computed this step (their first token is about to be sampled): a proposer with a model
+        of its own reads them now, in time to the first token, not in their first speculative step."""
 
     def accepted(self, seq, num_accepted: int) -> None:
         """After verification: seq kept `num_accepted` of its drafts (its tokens now include them and the bonus)."""

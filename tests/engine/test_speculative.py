@@ -297,7 +297,7 @@ def test_draft_count_follows_the_timed_cost_of_rows():
 
 
 def test_draft_model_reads_the_prompt_with_the_target(tiny, drafts):
-    """The step that samples a request's first token also runs the draft over its prompt (time to first token), so
+    """The step that samples a request's first token runs the draft over its prompt first (time to first token), so
     its first decode step drafts at once."""
     spec = {"method": "draft_model", "model": drafts["same"], "num_speculative_tokens": 3}
     engine = tiny.engine(speculative_config=spec)
