@@ -41,8 +41,9 @@ _COST_PRIOR = 0.15     # an extra row's cost relative to a one-row step, until s
 class StepCost:
     """The engine's own decode-only steps, timed: an average duration per row count (the CPU kernels' cost is not
     linear in rows: a few more rows can be free or cost a third more), so that k drafts beside b plain rows cost
-    t(b + k) / t(b) of a plain step, plus the proposer's time for k positions (a draft model's k forwards). Row
-    counts not seen yet cost 1 + _COST_PRIOR per extra row."""
+    t(b + k) / t(b) of a plain step, plus the proposer's time for k positions (a draft model's k forwards). A row
+    count not timed yet is scaled from the nearest one timed at _COST_PRIOR per row (before any: 1 + _COST_PRIOR
+    per extra row)."""
 
     def __init__(self, decay: float = 0.8):
         self.decay = decay
@@ -60,11 +61,17 @@ class StepCost:
 
     def relative(self, base: int, extra: int) -> float:
         """A step with `extra` drafted rows beside `base` plain ones, drafting included, in plain steps."""
-        t0 = self.seconds.get(base)
-        if t0 is None or t0 <= 0:
+        if not self.seconds:
             return 1 + _COST_PRIOR * extra
-        t1 = self.seconds.get(base + extra, t0 * (1 + _COST_PRIOR * extra))
+        t0, t1 = self._time(base), self._time(base + extra)
         return (t1 + extra * (self.draft_per_token or 0.0)) / t0
+
+    def _time(self, rows: int) -> float:
+        """A step of `rows` rows: timed, or from the nearest timed count at _COST_PRIOR per row of difference."""
+        if rows in self.seconds:
+            return self.seconds[rows]
+        near = min(self.seconds, key=lambda r: abs(r - rows))
+        return self.seconds[near] * (1 + _COST_PRIOR * rows) / (1 + _COST_PRIOR * near)
 
 
 class Speculator:
