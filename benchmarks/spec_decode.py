@@ -15,6 +15,8 @@ same rounds: llama-lookup (n-gram lookup decoding, --spec-draft-n-max k; with 0 
 --llamacpp-draft, llama-speculative (draft-model speculation). TPOT is 1 / the "decoded ... speed" they print
 (generation only). The model file defaults to --model.
 --batch-w: also W's shape (32 requests of 128 random tokens, 128 new) with speculation on vs off.
+--step-rows 1,2,3,5,8: one sequence's step of r new rows after a cached 704-token prefix (what verifying r - 1 drafts
+costs), median time over --rounds: the cost curve the speculator learns online.
 --batch-rule 1,2,4,8,16: throughput of that many concurrent requests (the workloads in turn, 96 tokens each, EOS
 ignored) with every step speculating (disable_by_batch_size off) vs plain: where the engine's default rule comes from.
 """
@@ -110,6 +112,26 @@ def _w(llm: LLM) -> float:
     return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t)
 
 
+def _step_rows(args, row_counts) -> None:
+    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=2048, enable_prefix_caching=True, block_size=16)
+    prefix = list(range(1000, 1704))
+    greedy1 = SamplingParams(max_tokens=1, temperature=0)
+    llm.generate([prefix], greedy1, use_tqdm=False)
+    times = {r: [] for r in row_counts}
+    for i in range(args.rounds):
+        for r in row_counts:
+            out = llm.generate([prefix + list(range(5000 + 10 * i, 5000 + 10 * i + r))], greedy1, use_tqdm=False)[0]
+            assert out.num_cached_tokens == len(prefix)
+            times[r].append((out.metrics["first_token"] - out.metrics["arrival"]) * 1e3)
+    base = statistics.median(times[row_counts[0]])
+    print(f"| rows | ms min / median / max | vs {row_counts[0]} row(s) |")
+    print("| --- | --- | --- |")
+    for r, ts in times.items():
+        ts = sorted(ts)
+        print(f"| {r} | {ts[0]:.1f} / {statistics.median(ts):.1f} / {ts[-1]:.1f} | {statistics.median(ts) / base:.2f} |")
+    llm.close()
+
+
 def _batch_rule(args, concurrencies) -> None:
     lo, hi = (int(x) for x in args.lookup.split(","))
     common = dict(model=args.model, dtype=args.dtype, max_model_len=4096, enable_prefix_caching=False,
@@ -147,6 +169,7 @@ def main() -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--batch-w", action="store_true")
     ap.add_argument("--batch-rule", help="comma-separated concurrencies")
+    ap.add_argument("--step-rows", help="comma-separated row counts")
     ap.add_argument("--draft-dtype", help="the draft model's dtype (default: --dtype)")
     ap.add_argument("--llamacpp", help="llama.cpp's bin directory (benchmarks/peers/setup_llamacpp.sh builds it)")
     ap.add_argument("--llamacpp-model", help="the GGUF llama.cpp runs (default: --model)")
@@ -154,6 +177,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.batch_rule:
         return _batch_rule(args, [int(c) for c in args.batch_rule.split(",")])
+    if args.step_rows:
+        return _step_rows(args, [int(r) for r in args.step_rows.split(",")])
 
     lo, hi = (int(x) for x in args.lookup.split(","))
     configs = {"plain": None,
