@@ -12,7 +12,6 @@ from rtp_llm.config.speculative_config import SpeculativeConfig
 from rtp_llm.sampling import SamplingParams
 from rtp_llm.spec_decode.ngram import ngram_drafts
 from tests.engine.helpers import Tiny, run_all
-from tests.engine.invariance import signature
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
          "disable_by_batch_size": 64}  # every step speculates
