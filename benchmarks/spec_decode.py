@@ -128,7 +128,8 @@ def _step_rows(args, row_counts) -> None:
     print("| --- | --- | --- |")
     for r, ts in times.items():
         ts = sorted(ts)
-        print(f"| {r} | {ts[0]:.1f} / {statistics.median(ts):.1f} / {ts[-1]:.1f} | {statistics.median(ts) / base:.2f} |")
+        med = statistics.median(ts)
+        print(f"| {r} | {ts[0]:.1f} / {med:.1f} / {ts[-1]:.1f} | {med / base:.2f} |")
     llm.close()
 
 

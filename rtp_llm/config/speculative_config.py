@@ -13,9 +13,6 @@ from dataclasses import dataclass, fields
 from typing import Any, Optional, Union
 
 METHODS = ("ngram", "draft_model")
-# The NPU's fused attention takes at most this many query tokens per request in a decode round (vllm-ascend:
-# num_speculative_tokens + 1 <= 16).
-NPU_MAX_QUERY_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -27,8 +24,8 @@ class SpeculativeConfig:
     model: Optional[str] = None              # draft_model: its checkpoint (the same tokenizer as the target)
     quantization: Optional[str] = None       # draft_model: as --quantization, for the draft (default: the target's)
     dtype: Optional[str] = None              # draft_model (an rtp-llm extension): its dtype (default: the target's)
-    # Speculation pauses for a step whose running sequences are more than this (vLLM's name); None = the engine's
-    # rule (rtp_llm/spec_decode/policy.py).
+    # Speculation pauses for a step whose decoding sequences are more than this (vLLM's name); None = the engine's
+    # rule (rtp_llm/spec_decode/speculator.py).
     disable_by_batch_size: Optional[int] = None
 
     @classmethod
@@ -97,9 +94,9 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config.disable_by_batch_size must be a positive integer, got {b!r}")
         return cls(**d)
 
-    def check_device(self, device: str) -> None:
-        """The device's limit on query tokens per request in a decode round."""
-        if device == "npu" and self.num_speculative_tokens + 1 > NPU_MAX_QUERY_TOKENS:
-            raise ValueError(f"speculative_config.num_speculative_tokens={self.num_speculative_tokens}: the NPU's "
-                             f"fused attention takes at most {NPU_MAX_QUERY_TOKENS} query tokens per request in a "
-                             f"decode round (num_speculative_tokens + 1 <= {NPU_MAX_QUERY_TOKENS})")
+    def check_query_limit(self, limit: Optional[int], device: str) -> None:
+        """The device's limit on query tokens per request in a decode round (Device.max_decode_query_tokens)."""
+        if limit is not None and self.num_speculative_tokens + 1 > limit:
+            raise ValueError(f"speculative_config.num_speculative_tokens={self.num_speculative_tokens}: the {device}'s "
+                             f"fused attention takes at most {limit} query tokens per request in a decode round "
+                             f"(num_speculative_tokens + 1 <= {limit})")

@@ -25,6 +25,8 @@ class Device(ABC):
     name: str = "abstract"
     collective_backend: str = "gloo"      # torch.distributed backend for tensor parallelism
     default_block_size: int = 16
+    # Query tokens one request may bring to a decode round (speculative decoding: 1 + drafts); None = no limit.
+    max_decode_query_tokens: Optional[int] = None
     # attention backends by name; None picks `default_attention`
     attention_backends: dict[str, type[AttentionBackend]] = {"torch_ref": TorchRefAttention}
     default_attention: str = "torch_ref"

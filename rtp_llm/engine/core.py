@@ -124,7 +124,7 @@ class EngineCore:
         from rtp_llm.spec_decode import Speculator, make_proposer
         from rtp_llm.spec_decode.speculator import DEFAULT_MAX_BATCH
 
-        spec.check_device(self.device.name)
+        spec.check_query_limit(self.device.max_decode_query_tokens, self.device.name)
         max_batch = spec.disable_by_batch_size or DEFAULT_MAX_BATCH
         proposer = make_proposer(spec, target=self, max_batch=max_batch)
         log.info("speculative decoding: %s, %d tokens per step%s; no step speculates above %s running decodes",

@@ -150,7 +150,7 @@ class ModelRunner:
 
     def _grammar_masks(self, seqs, ahead, vocab: int):
         """(rows, allowed [G, vocab]) of the constrained rows, computed on the host; a speculating sequence's rows
-        from its matcher walked along its drafts (and back)."""
+        from a copy of its matcher walked along its drafts."""
         plain = [(i, s.grammar) for i, s in enumerate(seqs) if s.grammar is not None and s.grammar.active
                  and not s.draft]
         spec = [(i, s) for i, (s, j) in enumerate(zip(seqs, ahead)) if j == 0 and s.draft and s.grammar is not None

@@ -7,7 +7,7 @@ with no dependencies, no ahead-of-time compile (a matcher is ready in about a mi
 lazily), JSON schema, regex, Lark and GBNF in one engine; xgrammar needs apache-tvm-ffi and declares triton.
 
 A matcher's state follows its sequence's output tokens, which preemption keeps (a recompute prefills them again);
-only speculation walks it ahead along drafts and back (masks_along). Siblings of n > 1 each get their own copy.
+speculation walks a copy of it along the drafts (masks_along). Siblings of n > 1 each get their own copy.
 """
 
 from __future__ import annotations
@@ -155,18 +155,13 @@ class GrammarCompiler:
         return torch.from_numpy(allowed.astype(np.bool_))
 
     def masks_along(self, grammar: Grammar, drafts: Sequence[int], vocab: int) -> torch.Tensor:
-        """[len(drafts) + 1, vocab] bool: the tokens the grammar allows now and after each draft in turn. The
-        matcher is walked along the drafts (which it must accept: the speculator checked them) and back."""
-        out = []
-        taken = 0
-        try:
-            for t in (None, *drafts):
-                if t is not None:
-                    if not grammar.matcher.consume_token(int(t)):
-                        raise ValueError(f"draft token {t} does not fit the grammar")
-                    taken += 1
-                out.append(self.masks([grammar], vocab))
-        finally:
-            if taken:
-                grammar.matcher.rollback(taken)
+        """[len(drafts) + 1, vocab] bool: the tokens the grammar allows now and after each draft in turn, from a copy
+        of the matcher walked along the drafts (which it must accept: the speculator checked them); the sequence's
+        own matcher stays where it is."""
+        walker = Grammar(grammar.matcher.deep_copy())
+        out = [self.masks([walker], vocab)]
+        for t in drafts:
+            if not walker.matcher.consume_token(int(t)):
+                raise ValueError(f"draft token {t} does not fit the grammar")
+            out.append(self.masks([walker], vocab))
         return torch.cat(out)

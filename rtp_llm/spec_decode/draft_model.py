@@ -2,14 +2,14 @@
 cache (its own KVCacheManager over its own KVBuffer, on the target's device).
 
 The draft reads a sequence's prompt in the step that computed the target's (warm: before the first token is
-sampled, so it counts in the time to the first token). Per step, for the sequences that draft: one forward catches the draft's KV up with the sequence (the
-accepted tokens and the bonus token) and samples draft 1 from the last row; k - 1 one-token forwards sample the
-rest. A draft row samples as the target's row would (the request's temperature, top-k/p, penalties and bias, its
-seed and step), so a seeded request's draft follows the same noise as its verification (engine/core.py keeps a
-draft while it equals the target's sample), and a constrained request's under a copy of its grammar that follows
-the drafts. After verification the draft's KV keeps what was accepted. The draft's KV holds
-(disable_by_batch_size + 1) x max_model_len tokens at most; a sequence that does not fit after evicting the least
-recently drafted ones drafts nothing that step.
+sampled, so it counts in the time to the first token). Per step, for the sequences that draft: one forward catches
+the draft's KV up with the sequence (the accepted tokens and the bonus token) and samples draft 1 from the last row;
+k - 1 one-token forwards sample the rest. A draft row samples as the target's row would (the request's
+temperature, top-k/p, penalties and bias, its seed and step), so a seeded request's draft follows the same noise as
+its verification (engine/core.py keeps a draft while it equals the target's sample), and a constrained request's
+under a copy of its grammar that follows the drafts. After verification the draft's KV keeps what was accepted.
+The draft's KV holds (disable_by_batch_size + 1) x max_model_len tokens at most; a sequence that does not fit after
+evicting the least recently drafted ones drafts nothing that step.
 """
 
 from __future__ import annotations
@@ -204,7 +204,8 @@ class DraftModelProposer(Proposer):
             except OutOfBlocksError:
                 break  # the drafts so far stand
             starts = [m.num_slots(s.seq_id) - 1 for s in live]
-            logits = self._forward(list(ids), [[t] for t in toks.tolist()], starts, [sl[i:i + 1] for i in range(len(live))])
+            logits = self._forward(list(ids), [[t] for t in toks.tolist()], starts,
+                                   [sl[i:i + 1] for i in range(len(live))])
             for s, t in zip(live, self._sample(live, [drafts[s] for s in live], logits, walked)):
                 drafts[s].append(t)
 

@@ -6,9 +6,9 @@ Per step, before scheduling, every running sequence about to decode may draft up
 - How many: a sequence's drafts are taken as accepted one after another with probability a (its acceptance, an
   average over its recent verifications), so k drafts yield (1 - a^(k+1)) / (1 - a) tokens for a step that costs
   t(b + k) / t(b) times a plain one, t(r) being the engine's own decode steps of r rows, timed as they run (b: the
-  step's plain rows), plus the proposer's own time for k positions. The speculator drafts the k (at most num_speculative_tokens)
-  that maximises tokens per cost, and none when no k beats plain decoding; such a sequence probes with one draft
-  every 8 steps so that its estimate can recover.
+  step's plain rows), plus the proposer's own time for k positions. The speculator drafts the k (at most
+  num_speculative_tokens) that maximises tokens per cost, and none when no k beats plain decoding; such a sequence
+  probes with one draft every 8 steps so that its estimate can recover.
 - A sequence whose drafts were all rejected m times in a row skips 2^m - 1 steps (at most 15).
 - k is capped so that the accepted run plus the bonus token fits max_tokens and max_model_len; a constrained sequence
   drafts only the prefix its grammar accepts, up to its first stop token.
@@ -129,8 +129,8 @@ class Speculator:
         self.cost.observe_drafting(max(ks), time.perf_counter() - t0)
         for s, d in zip(want, drafts):
             if d and s.grammar is not None:
-                # The prefix the grammar accepts, and no stop token: a matcher cannot roll back past one (the
-                # grammar's walk along the drafts must come back).
+                # The prefix the grammar accepts, up to a stop token: a matcher that consumed one is stopped, and the
+                # row after it would never be used.
                 d = d[:s.grammar.matcher.validate_tokens(d)]
                 d = d[:next((i for i, t in enumerate(d) if t in s.request.min_tokens_ids), len(d))]
             s.draft = list(d)

@@ -55,7 +55,9 @@ def test_speculative_config_is_read_as_vllm_reads_it():
         with pytest.raises(ValueError, match=word):
             SpeculativeConfig.parse(bad)
     with pytest.raises(ValueError, match="16 query tokens"):
-        SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 16}).check_device("npu")
+        SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 16}).check_query_limit(16, "npu")
+    SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 15}).check_query_limit(16, "npu")
+    SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 64}).check_query_limit(None, "cpu")
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])

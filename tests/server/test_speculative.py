@@ -29,8 +29,8 @@ def _client(srv):
 
 
 def _answer(srv, **kw):
-    r = _client(srv).chat.completions.create(model=SERVED_NAME, messages=COPY, max_tokens=80, logprobs=True, top_logprobs=2,
-                                             **kw)
+    r = _client(srv).chat.completions.create(model=SERVED_NAME, messages=COPY, max_tokens=80, logprobs=True,
+                                             top_logprobs=2, **kw)
     c = r.choices[0]
     return c.message.content, c.finish_reason, [(t.token, t.logprob, [(x.token, x.logprob) for x in t.top_logprobs])
                                                 for t in c.logprobs.content]
@@ -48,7 +48,8 @@ def test_answers_are_those_of_a_server_without_speculation(server, spec_server):
         plain = _answer(server, **kw)
         assert _answer(spec_server, **kw) == plain, kw
     after = _spec_metrics(spec_server)
-    assert after["vllm:spec_decode_num_accepted_tokens_total"] > before.get("vllm:spec_decode_num_accepted_tokens_total", 0)
+    accepted = "vllm:spec_decode_num_accepted_tokens_total"
+    assert after[accepted] > before.get(accepted, 0)
     assert after["vllm:spec_decode_num_draft_tokens_total"] >= after["vllm:spec_decode_num_accepted_tokens_total"]
     assert after["vllm:spec_decode_num_drafts_total"] > 0
 
@@ -58,8 +59,8 @@ def test_stream_and_stop_string_under_speculation(server, spec_server):
     stop = content[len(content) // 2:len(content) // 2 + 6]
     plain = _client(server).chat.completions.create(model=SERVED_NAME, messages=COPY, max_tokens=80, temperature=0,
                                                     stop=[stop])
-    chunks = _client(spec_server).chat.completions.create(model=SERVED_NAME, messages=COPY, max_tokens=80, temperature=0,
-                                                          stop=[stop], stream=True)
+    chunks = _client(spec_server).chat.completions.create(model=SERVED_NAME, messages=COPY, max_tokens=80,
+                                                          temperature=0, stop=[stop], stream=True)
     pieces, reasons = [], []
     for ch in chunks:
         if ch.choices:

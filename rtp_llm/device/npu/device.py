@@ -40,6 +40,9 @@ class NpuDevice(Device):
     attention_backends = {"torch_ref": TorchRefAttention, "ascend": AscendAttention}
     default_attention = "ascend"
     default_block_size = 128
+    # Fused attention in TND layout takes at most 16 query tokens per request in a decode round (vllm-ascend:
+    # num_speculative_tokens + 1 <= 16).
+    max_decode_query_tokens = 16
     VALID_BLOCK_SIZES = (128, 256, 384, 512)
     # npu_fused_infer_attention_score takes float16 / bfloat16 (or int8) queries, no float32 (torch_npu 2.13
     # op-plugin docs, query), and its KV cache in the query's dtype: the whole model runs in one of these.
