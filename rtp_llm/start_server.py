@@ -73,10 +73,11 @@ def main(argv: list[str] | None = None) -> int:
         with open(template) as f:
             template = f.read()
     app = create_app(engine, name, args["api_key"], args["max_body_bytes"], on_shutdown=_stop_engine,
-                     chat_options=ChatOptions(template, args["tool_call_parser"], args["reasoning_parser"]),
+                     chat_options=ChatOptions(template, args["tool_call_parser"], args["reasoning_parser"],
+                                              args["strict_json_schemas"]),
                      cors=CorsOptions(args["allowed_origins"] or [], args["allowed_methods"], args["allowed_headers"],
                                       args["allow_credentials"]),
-                     stream_stall_timeout=args["stream_stall_timeout"])
+                     stream_stall_timeout=args["stream_stall_timeout"], unknown_fields=args["unknown_fields"])
 
     log.info("serving %s as %r on http://%s:%d (device %s, engine process pid %d)", engine.model_path, name,
              args["host"], args["port"], device, engine.pid)

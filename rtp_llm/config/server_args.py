@@ -151,6 +151,14 @@ FLAGS = [
     Flag("reasoning_parser", "REASONING_PARSER", _opt_str, None,
          "split <think>...</think> into reasoning_content: qwen3 (the answer may open <think>), deepseek_r1 (the "
          "template opens it); none = no split", choices=("qwen3", "deepseek_r1")),
+    Flag("unknown_fields", "UNKNOWN_FIELDS", str, "reject",
+         "a request field this server does not know: reject = a 400 naming it (OpenAI's behaviour), ignore = warn "
+         "once per field and go on (vLLM's reading, for clients that add vendor fields)",
+         choices=("reject", "ignore")),
+    Flag("strict_json_schemas", "STRICT_JSON_SCHEMAS", _bool, True,
+         "tool parameters and response_format schemas allow no property they do not name unless they say "
+         "additionalProperties (what OpenAI's strict mode and vLLM's default grammar backend do); 0 = JSON Schema's "
+         "own reading (unnamed properties allowed)"),
     Flag("shutdown_timeout", "SHUTDOWN_TIMEOUT", float, 30.0, "seconds in-flight requests get on SIGTERM/SIGINT"),
     Flag("stream_stall_timeout", "STREAM_STALL_TIMEOUT", float, 120.0,
          "seconds a streaming client may accept no data before its request is aborted (a stalled or vanished "

@@ -29,11 +29,13 @@ class InputProcessor:
         self.max_logprobs = limits.max_logprobs
         self.grammars = grammars or GrammarCompiler(tokenizer, limits.vocab_size)
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **variables) -> str:
-        """The conversation through the model's chat template (ChatTemplateError if the template refuses it);
-        variables: more of the template's context (tools=, a request's chat_template_kwargs such as
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    chat_template: Optional[str] = None, **variables) -> str:
+        """The conversation through the model's chat template, or chat_template (ChatTemplateError if the template
+        refuses it); variables: more of the template's context (tools=, a request's chat_template_kwargs such as
         enable_thinking)."""
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **variables)
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                  chat_template=chat_template, **variables)
 
     def chat_prompt(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                     **variables) -> list[int]:

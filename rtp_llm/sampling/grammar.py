@@ -21,13 +21,14 @@ import numpy as np
 import torch
 
 from rtp_llm.errors import RequestRejected
-from rtp_llm.sampling.structured_outputs import StructuredOutputs
+from rtp_llm.sampling.structured_outputs import StructuredOutputs, strict_schema
 
 _CACHE_SIZE = 256
 _PARAM = "structured_outputs"  # the server renames it to the field the request used
 # Whitespace between JSON tokens: a space, or a newline and an indent of at most 20 (llama.cpp's json-schema rule).
 # Unbounded whitespace lets a weak model fill max_tokens with blanks inside a valid document.
 _JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})"}
+JSON_WHITESPACE = _JSON_OPTIONS  # for %json blocks a route writes into a Lark grammar
 _COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
@@ -46,6 +47,8 @@ def grammar_source(so: StructuredOutputs) -> str:
                 raise RequestRejected(f"the JSON schema is not valid JSON: {exc}", param=_PARAM) from None
         if not isinstance(schema, (dict, bool)):
             raise RequestRejected("a JSON schema must be an object", param=_PARAM)
+        if so.strict:
+            schema = strict_schema(schema)
         return llg.LLMatcher.grammar_from_json_schema(schema, defaults=options)
     if kind == "json_object":
         return llg.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=options)

@@ -21,6 +21,9 @@ class StructuredOutputs:
     grammar: Optional[str] = None                # Lark (llguidance's dialect) or GBNF
     # JSON without optional whitespace: ", " and ": " only (vLLM's disable_any_whitespace).
     disable_any_whitespace: bool = False
+    # A JSON schema's objects that name their properties take no others unless the schema says so (OpenAI's strict
+    # mode, vLLM's default xgrammar backend); false = JSON Schema's reading (unnamed properties allowed).
+    strict: bool = True
     # The constraint starts after these tokens appear in the output (the end of a reasoning part, e.g. </think>);
     # empty = from the first token.
     after_token_ids: tuple[int, ...] = ()
@@ -48,4 +51,33 @@ class StructuredOutputs:
             value = json.dumps(value, sort_keys=True)
         elif self.kind == "choice":
             value = tuple(value)
-        return self.kind, value, self.disable_any_whitespace
+        return self.kind, value, self.disable_any_whitespace, self.strict and self.kind == "json"
+
+
+_OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+
+
+def strict_schema(schema: Any) -> Any:
+    """The schema with `additionalProperties: false` on every object that names its properties and says nothing of
+    others. allOf's members are left open: each would forbid the others' properties."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if "properties" in out and not any(k in out for k in _OPEN_KEYS):
+        out["additionalProperties"] = False
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: strict_schema(v) for k, v in out[key].items()}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [strict_schema(v) for v in out[key]]
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = strict_schema(out[key])
+    if isinstance(out.get("allOf"), list):  # inside a member, its own nested objects are still closed
+        out["allOf"] = [{**m, **{k: v for k, v in strict_schema(m).items() if k != "additionalProperties"}}
+                        if isinstance(m, dict) else m for m in out["allOf"]]
+    return out

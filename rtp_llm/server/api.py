@@ -16,6 +16,7 @@ from rtp_llm.server.http_errors import APIError, error, install_error_handlers
 from rtp_llm.server.middleware import AuthMiddleware, BodyLimitMiddleware
 from rtp_llm.server.protocol_native import DetokenizeRequest, TokenizeRequest
 from rtp_llm.server.protocol import ChatCompletionRequest, CompletionRequest
+from rtp_llm.server.protocol_base import UnknownFields
 from rtp_llm.server.serving import ChatOptions, CorsOptions, Server
 from rtp_llm.server.serving_chat import chat_text, create_chat_completion, template_variables
 from rtp_llm.server.serving_completion import create_completion
@@ -26,8 +27,10 @@ __all__ = ["ChatOptions", "CorsOptions", "create_app"]
 def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[str] = None,
                max_body_bytes: int = 1 << 20, on_shutdown: Optional[Callable[[], None]] = None,
                chat_options: Optional[ChatOptions] = None, cors: Optional[CorsOptions] = None,
-               stream_stall_timeout: float = 120.0) -> FastAPI:
-    """on_shutdown runs once the server has stopped serving (after the graceful drain)."""
+               stream_stall_timeout: float = 120.0, unknown_fields: str = "reject") -> FastAPI:
+    """on_shutdown runs once the server has stopped serving (after the graceful drain); unknown_fields: reject | ignore
+    (--unknown_fields)."""
+    UnknownFields.ignore = unknown_fields == "ignore"
     srv = Server(engine, served_model_name, chat_options, stream_stall_timeout)
 
     @asynccontextmanager
@@ -59,6 +62,7 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest):
+        srv.check_model(req.model)
         if req.messages is not None:
             gen = True if req.add_generation_prompt is None else req.add_generation_prompt
             text = chat_text(srv, req.messages, gen, template_variables(req))
@@ -74,6 +78,7 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest):
+        srv.check_model(req.model)
         vocab = srv.tokenizer.vocab_size
         bad = [t for t in req.tokens if not 0 <= t < vocab]
         if bad:

@@ -45,7 +45,8 @@ class ChatOutputParser:
         return out
 
     def feed(self, text: str, final: bool = False) -> list:
-        """New answer text -> events: ("reasoning", str), ("content", str), ("call", ToolCall)."""
+        """New answer text -> events: ("reasoning", str), ("content", str), ("call", ToolCall), or a call in
+        pieces: ("call_head", name) then ("call_args", text)..."""
         pieces = self.reasoning.feed(text) if self.reasoning else ([("content", text)] if text else [])
         if final and self.reasoning:
             pieces += self.reasoning.finish()
@@ -57,6 +58,10 @@ class ChatOutputParser:
         for kind, value in events:
             if kind == "call":
                 self.calls.append(value)
+            elif kind == "call_head":  # a forced call streamed: its name, then its arguments in pieces
+                self.calls.append(ToolCall(value, ""))
+            elif kind == "call_args":
+                self.calls[-1].arguments += value
             elif kind == "content":
                 self.content.append(value)
             else:
@@ -86,7 +91,13 @@ class ChatOutputParser:
             return [{"reasoning_content": value}]
         if kind == "content":
             return [{"content": value}]
-        # A call: its id and name first, then its arguments (OpenAI's delta form).
+        if kind == "call_args":
+            return [{"tool_calls": [{"index": self.streamed_calls - 1, "function": {"arguments": value}}]}]
+        if kind == "call_head":
+            call_index, self.streamed_calls = self.streamed_calls, self.streamed_calls + 1
+            return [{"tool_calls": [{"index": call_index, "id": new_call_id(), "type": "function",
+                                     "function": {"name": value, "arguments": ""}}]}]
+        # A whole call: its id and name first, then its arguments (OpenAI's delta form).
         call_index, self.streamed_calls = self.streamed_calls, self.streamed_calls + 1
         return [{"tool_calls": [{"index": call_index, "id": new_call_id(), "type": "function",
                                  "function": {"name": value.name, "arguments": ""}}]},

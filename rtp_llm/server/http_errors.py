@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rtp_llm.errors import EngineDeadError, QueueFullError, RequestRejected
-from rtp_llm.server.protocol import BadText, FieldRule, error_body
+from rtp_llm.server.protocol_base import BadText, FieldRule, error_body
 
 log = logging.getLogger("rtp_llm.server")
 
@@ -54,10 +54,17 @@ def error(status: int, message: str, type_="invalid_request_error", param=None, 
     return JSONResponse(error_body(message, type_, param, code), status_code=status)
 
 
+def rejected(request: Request, status: int, message: str, type_="invalid_request_error", param=None,
+             code=None) -> JSONResponse:
+    """A refused request's answer, and its line in the log (the reason, never the prompt)."""
+    log.info("rejected %s %s: %d %s", request.method, request.url.path, status, message[:300])
+    return error(status, message, type_, param, code)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_, exc: APIError):
-        return error(exc.status, exc.message, exc.type, exc.param, exc.code)
+    async def _api_error(request: Request, exc: APIError):
+        return rejected(request, exc.status, exc.message, exc.type, exc.param, exc.code)
 
     @app.exception_handler(ClientGone)
     async def _client_gone(_, exc: ClientGone):
@@ -65,23 +72,25 @@ def install_error_handlers(app: FastAPI) -> None:
         return Response(status_code=499)  # nginx's "client closed request"; no one reads it
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_, exc: RequestValidationError):
+    async def _validation(request: Request, exc: RequestValidationError):
         errs = exc.errors()
         first = errs[0] if errs else {}
         loc = [str(x) for x in first.get("loc", []) if x != "body"]
         msg = first.get("msg", "invalid request")
         if first.get("type") == "json_invalid":
-            return error(400, f"the body is not valid JSON: {msg}", code="invalid_json")
+            return rejected(request, 400, f"the body is not valid JSON: {msg}", code="invalid_json")
         field = ".".join(loc) or None
         cause = (first.get("ctx") or {}).get("error")
         if isinstance(cause, BadText):
-            return error(400, str(cause), param=cause.path or None, code="invalid_text")
-        if isinstance(cause, FieldRule):
-            return error(400, f"{cause.param}: {cause}", param=cause.param)
+            return rejected(request, 400, str(cause), param=cause.path or None, code="invalid_text")
+        if isinstance(cause, FieldRule):  # a nested object's rule: its path, then the field
+            param = ".".join(loc + [cause.param])
+            return rejected(request, 400, f"{param}: {cause}", param=param)
         if first.get("type") == "extra_forbidden":
-            return error(400, f"{field}: this server does not implement this field (remove it from the request)",
-                         param=field, code="unsupported_parameter")
-        return error(400, f"{field or 'body'}: {msg}", param=field)
+            return rejected(request, 400, f"{field}: this server does not implement this field (remove it from the "
+                            f"request, or start the server with --unknown_fields ignore)", param=field,
+                            code="unsupported_parameter")
+        return rejected(request, 400, f"{field or 'body'}: {msg}", param=field)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
@@ -94,8 +103,8 @@ def install_error_handlers(app: FastAPI) -> None:
                             f"/v1, e.g. {request.base_url}v1")
             else:
                 message += f"; routes: {ROUTES}"
-        return error(exc.status_code, message, "invalid_request_error" if exc.status_code < 500 else
-                     "server_error", code="not_found" if exc.status_code == 404 else None)
+        return rejected(request, exc.status_code, message, "invalid_request_error" if exc.status_code < 500 else
+                        "server_error", code="not_found" if exc.status_code == 404 else None)
 
     @app.exception_handler(Exception)
     async def _unexpected(_, exc: Exception):

@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 
-from rtp_llm.server.protocol import error_body
+from rtp_llm.server.protocol_base import error_body
+
+log = logging.getLogger("rtp_llm.server")
 
 
-async def _send_json(send, status: int, body: dict, headers=()) -> None:
+async def _send_json(send, status: int, body: dict, headers=(), scope=None) -> None:
+    if scope is not None:  # a refusal: one log line with the reason
+        log.info("rejected %s %s: %d %s", scope.get("method"), scope.get("path"), status, body["error"]["message"])
     data = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
@@ -33,7 +38,7 @@ class AuthMiddleware:
             if not hmac.compare_digest(auth, b"Bearer " + self.key):
                 await _send_json(send, 401, error_body("invalid or missing API key", "authentication_error",
                                                        code="invalid_api_key"),
-                                 [(b"www-authenticate", b"Bearer")])
+                                 [(b"www-authenticate", b"Bearer")], scope)
                 return
         await self.app(scope, receive, send)
 
@@ -54,7 +59,7 @@ class BodyLimitMiddleware:
         length = dict(scope["headers"]).get(b"content-length")
         too_large = error_body(f"request body is larger than {self.max} bytes", code="request_too_large")
         if length is not None and length.isdigit() and int(length) > self.max:
-            return await _send_json(send, 413, too_large)
+            return await _send_json(send, 413, too_large, scope=scope)
         seen = 0
         started = False
 
@@ -77,4 +82,4 @@ class BodyLimitMiddleware:
             await self.app(scope, limited_receive, tracking_send)
         except _TooLarge:
             if not started:
-                await _send_json(send, 413, too_large)
+                await _send_json(send, 413, too_large, scope=scope)

@@ -124,8 +124,10 @@ def chat_response(srv, out: RequestOutput, rid: str, created: int, make_parser, 
         if req is not None and req.return_token_ids:
             choice["token_ids"] = list(o.token_ids)
         choices.append(choice)
+    # prompt_logprobs / prompt_token_ids: keys vLLM always returns (null unless asked)
     body = {"id": rid, "object": "chat.completion", "created": created, "model": srv.model_name,
-            "system_fingerprint": None, "choices": choices, "usage": out.usage}
+            "system_fingerprint": None, "choices": choices, "usage": out.usage, "prompt_logprobs": None,
+            "prompt_token_ids": None}
     if req is not None and req.return_token_ids:
         body["prompt_token_ids"] = list(out.prompt_token_ids)
     if req is not None and req.prompt_logprobs is not None:
@@ -163,6 +165,8 @@ def chat_chunks(srv, rid: str, created: int, o: CompletionOutput, parser, first:
     if usage is not None:
         for c in chunks:
             c["usage"] = usage
+        if first:  # vLLM: the role chunk precedes every token
+            chunks[0]["usage"] = running_usage(usage["prompt_tokens"], 0)
     return chunks
 
 
@@ -180,7 +184,7 @@ def completion_response(srv, outs: list[RequestOutput], rid: str, created: int, 
             if req.echo and lps is not None:
                 lps = joined_logprobs(echo_logprobs(srv, out, req.logprobs, _as_ids(req)), lps)
             choice = {"index": i * req.n + o.index, "text": prefix + o.text, "logprobs": lps,
-                      "finish_reason": o.finish_reason}
+                      "finish_reason": o.finish_reason, "prompt_logprobs": None, "prompt_token_ids": None}
             if req.prompt_logprobs is not None:
                 choice["prompt_logprobs"] = prompt_logprobs(srv, out, req.prompt_logprobs, _as_ids(req))
             if req.return_token_ids:

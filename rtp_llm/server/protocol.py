@@ -11,90 +11,59 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from rtp_llm.server.protocol_base import ApiModel, ApiRequest, FieldRule
 
 MAX_N = 16
 MAX_STOP = 16
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
-class _Base(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-
-class BadText(ValueError):
-    """A string of the request that is not valid Unicode text (a lone surrogate such as \\udcff: valid JSON, but
-    no UTF-8 spelling, so no tokenizer or template can take it). `path`: the field, as the error's param."""
-
-    def __init__(self, path: str, message: str):
-        super().__init__(message)
-        self.path = path
-
-
-class FieldRule(ValueError):
-    """A rule between fields broken (checked on the whole request, so pydantic gives it no location): `param` is
-    the field the client should change, reported as the error's param."""
-
-    def __init__(self, param: str, message: str):
-        super().__init__(message)
-        self.param = param
-
-
-def _check_text(value, path: str = "") -> None:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            bad = value[exc.start]
-            raise BadText(path, f"{path or 'body'}: not valid Unicode text (lone surrogate U+{ord(bad):04X} at "
-                                f"character {exc.start})") from None
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _check_text(k, path)
-            _check_text(v, f"{path}.{k}" if path else str(k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _check_text(v, f"{path}.{i}" if path else str(i))
-
-
-class _Request(_Base):
-    """A whole request body: every string in it, at any depth, is checked for text no tokenizer can take."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _text(cls, data):
-        _check_text(data)
-        return data
-
-
-class StreamOptions(_Base):
+class StreamOptions(ApiModel):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM: the usage so far on every chunk
 
 
-class TextPart(_Base):
+class TextPart(ApiModel):
     type: Literal["text"]
     text: str
 
 
-class FunctionCall(_Base):
+class FunctionCall(ApiModel):
     name: str
     arguments: str  # JSON text
 
 
-class ToolCallItem(_Base):
+class ToolCallItem(ApiModel):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(_Base):
+class ChatMessage(ApiModel):
     role: str
     content: Union[str, list[TextPart], None] = None
     name: Optional[str] = None
     tool_calls: Optional[list[ToolCallItem]] = None  # an assistant turn that called tools
     tool_call_id: Optional[str] = None               # a tool turn: the call it answers
     reasoning_content: Optional[str] = None          # an assistant turn's reasoning, for templates that show it
+    # The rest of OpenAI's assistant-message type, so a response's message can be sent back as it came
+    # (message.model_dump()): a refusal is what the assistant said; function_call is the legacy single tool call.
+    refusal: Optional[str] = None
+    function_call: Optional[FunctionCall] = None
+    audio: Optional[dict[str, Any]] = None
+    annotations: Optional[list[dict[str, Any]]] = None
+
+    @model_validator(mode="after")
+    def _assistant_extras(self):
+        if self.audio is not None:
+            raise FieldRule("audio", "an assistant message's audio is not supported (send audio: null)")
+        if self.annotations:
+            raise FieldRule("annotations", "an assistant message's annotations are not supported (send null or [])")
+        if self.function_call is not None and self.tool_calls:
+            raise FieldRule("function_call", "a message gives function_call (legacy) or tool_calls, not both")
+        return self
 
     @field_validator("role")
     @classmethod
@@ -106,7 +75,7 @@ class ChatMessage(_Base):
 
     def text(self) -> str:
         if self.content is None:
-            return ""
+            return self.refusal or ""
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text for p in self.content)
@@ -117,10 +86,12 @@ class ChatMessage(_Base):
         msg: dict[str, Any] = {"role": self.role, "content": self.text()}
         if self.name:
             msg["name"] = self.name
-        if self.tool_calls:
+        calls = self.tool_calls or ([ToolCallItem(id="call_0", function=self.function_call)]
+                                    if self.function_call is not None else [])
+        if calls:
             msg["tool_calls"] = [{"id": c.id, "type": "function",
                                   "function": {"name": c.function.name, "arguments": _json_or_text(c.function.arguments)}}
-                                 for c in self.tool_calls]
+                                 for c in calls]
         if self.tool_call_id is not None:
             msg["tool_call_id"] = self.tool_call_id
         if self.reasoning_content is not None:
@@ -135,7 +106,7 @@ def _json_or_text(arguments: str):
         return arguments
 
 
-class FunctionDef(_Base):
+class FunctionDef(ApiModel):
     name: str = Field(..., pattern=r"^[a-zA-Z0-9_.-]{1,64}$")
     description: Optional[str] = None  # rendered by the chat template with the rest of the tool
     parameters: Optional[dict[str, Any]] = None  # a JSON schema of the arguments object
@@ -156,30 +127,31 @@ class FunctionDef(_Base):
         return v
 
 
-class Tool(_Base):
+class Tool(ApiModel):
     type: Literal["function"]
     function: FunctionDef
 
 
-class NamedFunction(_Base):
+class NamedFunction(ApiModel):
     name: str
 
 
-class NamedToolChoice(_Base):
+class NamedToolChoice(ApiModel):
     type: Literal["function"]
     function: NamedFunction
 
 
-class JsonSchemaFormat(_Base):
+class JsonSchemaFormat(ApiModel):
     """OpenAI's json_schema format. `name` identifies the schema (OpenAI gives it no other effect); `strict` false or
-    absent is enforced exactly too (a stronger guarantee than asked). `description` (guidance for the model) is not
-    shown to the model here, so it is refused rather than dropped."""
+    absent is enforced exactly too (a stronger guarantee than asked). `description` is accepted as OpenAI and vLLM
+    accept it: like the schema itself it is not shown to the model (the grammar enforces the schema; docs/api.md)."""
     name: str = Field(..., min_length=1, max_length=64)
+    description: Optional[str] = None
     schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
     strict: Optional[bool] = None
 
 
-class ResponseFormat(_Base):
+class ResponseFormat(ApiModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: Optional[JsonSchemaFormat] = None
 
@@ -192,7 +164,7 @@ class ResponseFormat(_Base):
         return self
 
 
-class StructuredOutputsRequest(_Base):
+class StructuredOutputsRequest(ApiModel):
     """vLLM's structured_outputs request field (exactly one member)."""
     json_: Union[dict[str, Any], str, None] = Field(None, alias="json")
     regex: Optional[str] = None
@@ -207,7 +179,7 @@ STRUCTURED_FIELDS = ("response_format", "structured_outputs", "guided_json", "gu
                      "guided_grammar")
 
 
-class _Sampling(_Request):
+class _Sampling(ApiRequest):
     model: Optional[str] = None
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -359,7 +331,8 @@ class ChatCompletionRequest(_Sampling):
             raise FieldRule("tool_choice", f"tool_choice names {choice.function.name!r}, which is not among the tools")
         if isinstance(choice, NamedToolChoice) or choice == "required":
             used = self.structured()[1]
-            if used is not None:
+            # response_format shapes a text answer (OpenAI): a forced call is none, so it does not apply here
+            if used is not None and not used.startswith("response_format"):
                 raise FieldRule("tool_choice", f"tool_choice {'required' if choice == 'required' else 'naming a function'} "
                                  f"constrains the answer; it cannot be combined with {used}")
         return self
@@ -404,8 +377,3 @@ class CompletionRequest(_Sampling):
         if all(isinstance(x, int) for x in p):
             return [list(p)]
         return list(p)
-
-
-def error_body(message: str, type_: str = "invalid_request_error", param: Optional[str] = None,
-               code: Any = None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

@@ -7,10 +7,11 @@ from typing import Any, Optional
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
-from rtp_llm.server.protocol import MAX_N, MAX_STOP, ChatMessage, FieldRule, Tool, _Base, _Request
+from rtp_llm.server.protocol import MAX_N, MAX_STOP, ChatMessage, Tool
+from rtp_llm.server.protocol_base import ApiModel, ApiRequest, FieldRule
 
 
-class GenerateConfig(_Base):
+class GenerateConfig(ApiModel):
     """RTP-LLM's generate_config (the subset this engine implements)."""
     max_new_tokens: int = Field(256, ge=1)
     min_new_tokens: int = Field(0, ge=0)
@@ -37,13 +38,14 @@ class GenerateConfig(_Base):
         return v
 
 
-class NativeRequest(_Request):
+class NativeRequest(ApiRequest):
     prompt: str
     generate_config: GenerateConfig = Field(default_factory=GenerateConfig)
     yield_generator: bool = False
 
 
-class TokenizeRequest(_Request):
+class TokenizeRequest(ApiRequest):
+    model: Optional[str] = None  # vLLM's clients send it: the served model's name
     prompt: Optional[str] = Field(None, validation_alias=AliasChoices("prompt", "content"))  # llama.cpp: content
     messages: Optional[list[ChatMessage]] = None
     add_special_tokens: Optional[bool] = None     # default: true for a prompt, false for messages (vLLM's)
@@ -65,5 +67,6 @@ class TokenizeRequest(_Request):
         return self
 
 
-class DetokenizeRequest(_Request):
+class DetokenizeRequest(ApiRequest):
+    model: Optional[str] = None
     tokens: list[int]

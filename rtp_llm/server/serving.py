@@ -17,7 +17,7 @@ from rtp_llm.server import streams as st
 from rtp_llm.server.http_errors import APIError
 from rtp_llm.server.metrics import Metrics
 from rtp_llm.tokenizer.reasoning_parser import THINK_END, ReasoningParser
-from rtp_llm.tokenizer.tool_parsers import detect_tool_parser, make_tool_parser
+from rtp_llm.tokenizer.tool_parsers import detect_tool_parser, fallback_tool_template, make_tool_parser
 
 log = logging.getLogger("rtp_llm.server")
 
@@ -25,10 +25,11 @@ log = logging.getLogger("rtp_llm.server")
 @dataclass
 class ChatOptions:
     """Chat behaviour set at startup: --chat_template (text), --tool_call_parser (auto = from the template),
-    --reasoning_parser."""
+    --reasoning_parser, --strict_json_schemas (tool parameters and response formats)."""
     chat_template: Optional[str] = None
     tool_call_parser: str = "auto"
     reasoning_parser: Optional[str] = None
+    strict_json_schemas: bool = True
 
 
 @dataclass
@@ -55,11 +56,22 @@ class Server:
             self.tokenizer.chat_template = chat.chat_template
         self.tool_parser = (detect_tool_parser(self.tokenizer.chat_template) if chat.tool_call_parser == "auto"
                             else None if chat.tool_call_parser == "none" else chat.tool_call_parser)
+        # A template that cannot show tools: requests with tools use the family's tool template (with --chat_template
+        # or an explicit parser, the user decides).
+        self.tool_template = None
+        if chat.tool_call_parser == "auto" and chat.chat_template is None and self.tool_parser is None:
+            found = fallback_tool_template(self.tokenizer.chat_template)
+            if found is not None:
+                name, self.tool_template, self.tool_parser = found
+                log.info("the chat template cannot show tools: requests with tools use rtp-llm's %s template and "
+                         "the %s tool call parser (--chat_template or --tool_call_parser to choose)", name,
+                         self.tool_parser)
         if self.tool_parser is not None:
             make_tool_parser(self.tool_parser)  # an unknown name fails at startup
         if chat.reasoning_parser is not None:
             ReasoningParser(chat.reasoning_parser)
         self.reasoning_parser = chat.reasoning_parser
+        self.strict_json_schemas = chat.strict_json_schemas
         self.think_end_ids = (self.tokenizer.encode(THINK_END, add_special_tokens=False)
                               if self.reasoning_parser else [])
         self.metrics = Metrics(engine, served_model_name)
@@ -126,6 +138,8 @@ class Server:
             max_tokens = max(1, self.max_model_len - prompt_len)
         if constraint is None:
             constraint, field = req.structured()
+        if constraint is not None and "json" in constraint:
+            constraint = {**constraint, "strict": self.strict_json_schemas}
         try:
             params = SamplingParams(
                 max_tokens=max_tokens, min_tokens=req.min_tokens, temperature=req.temperature, top_k=req.top_k,

@@ -3,6 +3,7 @@ answer parsed into content, reasoning and tool calls (streamed as chunks or whol
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Callable, Optional
@@ -12,6 +13,8 @@ from fastapi.responses import StreamingResponse
 
 from rtp_llm.engine.client import RequestStream
 from rtp_llm.errors import ChatTemplateError
+from rtp_llm.sampling.grammar import JSON_WHITESPACE
+from rtp_llm.sampling.structured_outputs import strict_schema
 from rtp_llm.server import openai_format as fmt
 from rtp_llm.server.chat_parsing import ChatOutputParser
 from rtp_llm.server.http_errors import APIError
@@ -19,7 +22,7 @@ from rtp_llm.server.protocol import ChatCompletionRequest
 from rtp_llm.server.serving import Server
 from rtp_llm.server.streams import DONE, sse, usage_flags
 from rtp_llm.tokenizer.reasoning_parser import THINK_END, THINK_START
-from rtp_llm.tokenizer.tool_parsers import ForcedCallParser, forced_calls_schema, make_tool_parser
+from rtp_llm.tokenizer.tool_parsers import BareJsonCalls, ForcedCallParser, forced_calls_schema, make_tool_parser
 
 
 async def create_chat_completion(srv: Server, req: ChatCompletionRequest, request: Request):
@@ -33,7 +36,7 @@ async def create_chat_completion(srv: Server, req: ChatCompletionRequest, reques
     if req.continue_final_message:
         text = _left_open(text, req.messages[-1].text())
     ids = srv.tokenizer.encode(text, add_special_tokens=False)  # the template writes the special tokens
-    constraint, field = _tool_constraint(req, choice)
+    constraint, field = _tool_constraint(srv, req, choice)
     max_tokens = req.max_completion_tokens or req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = srv.params(req, max_tokens, logprobs, len(ids), constraint, field)
@@ -53,9 +56,14 @@ async def create_chat_completion(srv: Server, req: ChatCompletionRequest, reques
 
 
 def chat_text(srv: Server, messages, add_generation_prompt: bool, variables: Optional[dict] = None) -> str:
+    variables = variables or {}
+    template = None
+    if srv.tool_template is not None and (variables.get("tools") or any(
+            m.role == "tool" or m.tool_calls or m.function_call for m in messages)):
+        template = srv.tool_template
     try:
-        return srv.processor.render_chat([m.for_template() for m in messages], add_generation_prompt,
-                                         **(variables or {}))
+        return srv.processor.render_chat([m.for_template() for m in messages], add_generation_prompt, template,
+                                         **variables)
     except ChatTemplateError as exc:
         raise APIError(400, str(exc), param="messages") from None
 
@@ -89,8 +97,12 @@ def _echo_text(req: ChatCompletionRequest) -> str:
     return last.text() if req.echo and last.role == "assistant" else ""
 
 
-def _tool_constraint(req: ChatCompletionRequest, choice: str) -> tuple[Optional[dict], Optional[str]]:
-    """tool_choice required / a named function: the answer is forced into calls by a JSON schema."""
+def _tool_constraint(srv: Server, req: ChatCompletionRequest, choice: str) -> tuple[Optional[dict], Optional[str]]:
+    """tool_choice required / a named function: the answer is forced into calls by a JSON schema. tool_choice auto
+    with a response_format: calls in the parser's form, or a text answer in the format (OpenAI applies the format
+    to the text answer only)."""
+    if choice == "auto" and req.structured()[1] in ("response_format", "response_format.json_schema"):
+        return {"grammar": calls_or_answer(srv.tool_parser, req, srv.strict_json_schemas)}, "response_format"
     if choice == "named":
         fn = next(t.function for t in req.tools if t.function.name == req.tool_choice.function.name)
         return {"json": fn.parameters or {"type": "object"}, "disable_any_whitespace": True}, "tool_choice"
@@ -98,6 +110,32 @@ def _tool_constraint(req: ChatCompletionRequest, choice: str) -> tuple[Optional[
         tools = [{"name": t.function.name, "parameters": t.function.parameters} for t in req.tools]
         return {"json": forced_calls_schema(tools, req.parallel_tool_calls), "disable_any_whitespace": True}, "tools"
     return None, None
+
+
+def calls_or_answer(parser: str, req: ChatCompletionRequest, strict: bool) -> str:
+    """A Lark grammar: the answer in the response format, or one or more tool calls as `parser` reads them."""
+    fmt, _ = req.structured()
+    answer = fmt.get("json") if "json" in fmt else {"type": "object"}
+    if strict:
+        answer = strict_schema(answer)
+    key = "parameters" if parser == "llama3_json" else "arguments"
+    call = {"anyOf": [{"type": "object", "properties": {"name": {"const": t.function.name},
+                                                        key: t.function.parameters or {"type": "object"}},
+                       "required": ["name", key], "additionalProperties": False} for t in req.tools]}
+    if strict:
+        call = strict_schema(call)
+
+    def js(schema) -> str:
+        return "%json" + json.dumps({**schema, "x-guidance": JSON_WHITESPACE} if isinstance(schema, dict) else schema)
+
+    if parser == "hermes":
+        calls = 'calls: call ("\\n" call)*\ncall: "<tool_call>\\n" ' + js(call) + ' "\\n</tool_call>"'
+    else:
+        calls = 'calls: ' + js(call) + ' ("; " ' + js(call) + ')*'
+    many = "calls" if req.parallel_tool_calls else "call1"
+    if not req.parallel_tool_calls:
+        calls += "\ncall1: " + ('call' if parser == "hermes" else js(call))
+    return f"start: answer | {many}\nanswer: {js(answer)}\n{calls}\n"
 
 
 def _reasoning_closed(prompt: str) -> bool:
@@ -116,7 +154,7 @@ def _parser_factory(srv: Server, req: ChatCompletionRequest, choice: str,
         elif choice == "required":
             tools = ForcedCallParser()
         elif choice == "auto":
-            tools = make_tool_parser(srv.tool_parser)
+            tools = BareJsonCalls(make_tool_parser(srv.tool_parser), [t.function.name for t in req.tools])
         else:
             tools = None
         functions = ({t.function.name: t.function.model_dump() for t in req.tools} if choice == "auto" else None)

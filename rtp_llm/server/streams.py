@@ -15,7 +15,7 @@ from rtp_llm.engine.client import RequestStream
 from rtp_llm.engine.outputs import RequestOutput
 from rtp_llm.errors import EngineDeadError
 from rtp_llm.server.http_errors import APIError, ClientGone
-from rtp_llm.server.protocol import error_body
+from rtp_llm.server.protocol_base import error_body
 
 log = logging.getLogger("rtp_llm.server")
 

@@ -15,7 +15,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 
 from rtp_llm.errors import CheckpointError, MissingFileError
-from rtp_llm.tokenizer import chat_template
+from rtp_llm.tokenizer import chat_template as _templates
 
 # tokenizer.ggml.pre -> the split regex the merges were learned with (byte-level BPE vocabularies).
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -153,9 +153,11 @@ class Tokenizer:
         return self.backend.id_to_token(token_id)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            **variables) -> str:
-        if not self.chat_template:
-            raise chat_template.ChatTemplateError("this model has no chat template; use the completions API")
+                            chat_template: Optional[str] = None, **variables) -> str:
+        """chat_template: another template than the model's (transformers' argument of that name)."""
+        source = chat_template or self.chat_template
+        if not source:
+            raise _templates.ChatTemplateError("this model has no chat template; use the completions API")
         special = {"bos_token": self.bos_token or "", "eos_token": self.eos_token or "",
                    **{k: v or "" for k, v in self.extra_special.items()}}
-        return chat_template.render(self.chat_template, messages, add_generation_prompt, **{**special, **variables})
+        return _templates.render(source, messages, add_generation_prompt, **{**special, **variables})

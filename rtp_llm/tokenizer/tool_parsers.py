@@ -54,6 +54,17 @@ def detect_tool_parser(chat_template: Optional[str]) -> Optional[str]:
     return None
 
 
+def fallback_tool_template(chat_template: Optional[str]) -> Optional[tuple[str, str, str]]:
+    """(name, template, parser) for a chat template that never mentions tools, by its family: ChatML models get
+    the Hermes format (templates/chatml_tools.jinja). None where the template shows tools or no family fits."""
+    if not chat_template or "tools" in chat_template or "<|im_start|>" not in chat_template:
+        return None
+    import os
+
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates", "chatml_tools.jinja")) as f:
+        return "chatml_tools", f.read(), "hermes"
+
+
 class HermesParser:
     def __init__(self):
         self.buf = ""
@@ -156,28 +167,137 @@ def make_tool_parser(name: str):
 
 class ForcedCallParser:
     """The answer of a request whose tool_choice forced the calls with a grammar: a named function's arguments
-    object (name given), or for "required" a JSON array of {"name", "parameters"} objects. Buffered to the end;
-    an answer cut short (max_tokens) does not parse and is returned as content."""
+    object (name given), or for "required" a JSON array of {"name", "parameters"} objects (the grammar writes
+    name first). Incremental: a call's name goes out as soon as it is complete, then its arguments as they come
+    ("call_head" / "call_args" events), so an answer cut by max_tokens is still a call, with the arguments written
+    so far, as OpenAI and vLLM return it."""
+
+    _HEAD = re.compile(r'\s*[\[,]\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"parameters"\s*:\s*')
 
     def __init__(self, name: Optional[str] = None):
         self.name = name
         self.buf = ""
+        self.state = "args" if name else "head"  # head -> args -> tail -> head ... (required)
+        self.started = False  # the named call's head is out
+        self.depth = 0
+        self.in_string = self.escape = False
+        self.calls = 0
 
     def feed(self, text: str) -> list:
         self.buf += text
-        return []
+        out: list = []
+        while self.buf:
+            if self.state == "head":
+                m = self._HEAD.match(self.buf)
+                if m is None:
+                    return out
+                self.buf = self.buf[m.end():]
+                out.append(("call_head", json.loads(m.group(1))))
+                self.calls += 1
+                self.state = "args"
+            elif self.state == "args":
+                if self.name and not self.started:
+                    out.append(("call_head", self.name))
+                    self.started, self.calls = True, 1
+                if self.depth == 0:  # nothing of the arguments yet: the blank after "parameters": is not theirs
+                    self.buf = self.buf.lstrip()
+                    if not self.buf:
+                        return out
+                end = self._args_end()
+                taken, self.buf = (self.buf, "") if end is None else (self.buf[:end], self.buf[end:])
+                out.append(("call_args", taken))
+                if end is not None:
+                    self.state = "done" if self.name else "tail"
+            elif self.state == "tail":
+                rest = self.buf.lstrip()
+                if rest.startswith("}"):
+                    self.buf = rest[1:]
+                    continue
+                if rest.startswith(","):
+                    self.buf, self.state = rest, "head"
+                    continue
+                if rest.startswith("]"):
+                    self.buf, self.state = rest[1:], "done"
+                    continue
+                self.buf = rest
+                return out
+            else:  # done: the grammar allows nothing after the calls
+                return out
+        return out
+
+    def _args_end(self) -> Optional[int]:
+        """Where the arguments object in buf ends (its closing brace included), or None if not yet."""
+        for i, ch in enumerate(self.buf):
+            if self.in_string:
+                if self.escape:
+                    self.escape = False
+                elif ch == "\\":
+                    self.escape = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1
+        return None
 
     def finish(self) -> list:
+        """What never became a call (a cut before a name was complete) is content."""
         text, self.buf = self.buf, ""
+        if self.name and not self.started:
+            return [("call_head", self.name), ("call_args", text)]
+        return [("content", text)] if text.strip() and self.calls == 0 else []
+
+
+class BareJsonCalls:
+    """tool_choice auto: an answer that is, as a whole, one JSON call of a declared tool, or a list of them, in
+    the `arguments` or `parameters` form ({"name": "get_weather", "arguments": {...}}) is a call, though the
+    model wrote no tags (small models often do). Such an answer is buffered to its end; any other answer goes to
+    the family's parser as it comes."""
+
+    def __init__(self, inner, names):
+        self.inner = inner
+        self.names = set(names)
+        self.buf = ""
+        self.mode: Optional[str] = None  # "json" or "inner"
+
+    def feed(self, text: str) -> list:
+        if self.mode == "inner":
+            return self.inner.feed(text)
+        self.buf += text
+        head = self.buf.lstrip()
+        if not head:
+            return []
+        if head[0] in "{[":
+            self.mode = "json"
+            return []
+        self.mode, text, self.buf = "inner", self.buf, ""
+        return self.inner.feed(text)
+
+    def finish(self) -> list:
+        if self.mode == "json":
+            calls = self._calls(self.buf.strip())
+            if calls is not None:
+                return [("call", c) for c in calls]
+            text, self.buf = self.buf, ""
+            return self.inner.feed(text) + self.inner.finish()
+        return self.inner.finish()
+
+    def _calls(self, body: str) -> Optional[list]:
         try:
-            value = json.loads(text)
+            value = json.loads(body)
         except json.JSONDecodeError:
-            return [("content", text)] if text else []
-        calls = [_call_from({"name": self.name, "arguments": value}, "arguments")] if self.name else (
-            [_call_from(x, "parameters") for x in value] if isinstance(value, list) and value else [None])
-        if any(c is None for c in calls):
-            return [("content", text)]
-        return [("call", c) for c in calls]
+            return None
+        items = value if isinstance(value, list) and value else [value]
+        calls = [_call_from(x, "parameters" if isinstance(x, dict) and "parameters" in x else "arguments", body)
+                 for x in items]
+        if any(c is None or c.name not in self.names for c in calls):
+            return None
+        return calls
 
 
 def forced_calls_schema(tools: list[dict], parallel: bool) -> dict:

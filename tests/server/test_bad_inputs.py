@@ -62,7 +62,8 @@ def test_bad_body_gets_4xx_with_error_body(small, path, body, status):
 UNIMPLEMENTED = [
     (CHAT, {"messages": MSG, "prediction": {"type": "content", "content": "x"}}, "prediction"),
     (CHAT, {"messages": MSG, "response_format": {"type": "json_object", "strict": True}}, "response_format.strict"),
-    (CHAT, {"messages": [{"role": "user", "content": "hi", "audio": {"id": "a1"}}]}, "messages.0.audio"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi", "input_audio": {"data": "", "format": "wav"}}]},
+     "messages.0.input_audio"),
     (CHAT, {"messages": MSG, "stream": True, "stream_options": {"include_usage": True, "continuous": True}},
      "stream_options.continuous"),
     (CMPL, {"prompt": "x", "best_of": 2}, "best_of"),

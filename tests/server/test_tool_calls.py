@@ -5,7 +5,6 @@ assistant tool calls and tool results reach the template as transformers passes 
 whole answer; reasoning goes to reasoning_content."""
 
 import json
-import os
 
 import httpx
 import jsonschema
@@ -14,21 +13,7 @@ import pytest
 
 from rtp_llm.models.default_model import SERVED_NAME, default_model_path
 from tests.server.server_process import ServerProcess
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-HERMES = os.path.join(HERE, "templates", "hermes_tools.jinja")
-THINKING = os.path.join(HERE, "templates", "thinking.jinja")
-
-WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
-           "required": ["city", "unit"], "additionalProperties": False}
-TIME = {"type": "object", "properties": {"zone": {"type": "string", "pattern": "^[A-Z]{3}$"}},
-        "required": ["zone"], "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                           "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
-SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
-ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+from tests.server.tool_requests import ASK, HERMES, SCHEMAS, THINKING, TIME, TOOLS, WEATHER, calls_of, reassemble
 
 
 @pytest.fixture(scope="module")
@@ -55,32 +40,6 @@ def tools_server(tiny_model):
 @pytest.fixture(scope="module")
 def client(tools_server):
     return openai.OpenAI(base_url=tools_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-def reassemble(stream):
-    """A chat stream -> per choice: content, reasoning, tool calls [(id, name, arguments)], finish_reason."""
-    out = {}
-    for chunk in stream:
-        for c in chunk.choices:
-            o = out.setdefault(c.index, {"content": "", "reasoning": "", "calls": {}, "finish": None})
-            d = c.delta
-            o["content"] += d.content or ""
-            o["reasoning"] += getattr(d, "reasoning_content", None) or ""
-            for tc in d.tool_calls or []:
-                slot = o["calls"].setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
-                if tc.id:
-                    slot["id"] = tc.id
-                if tc.function and tc.function.name:
-                    slot["name"] = tc.function.name
-                if tc.function and tc.function.arguments:
-                    slot["arguments"] += tc.function.arguments
-            if c.finish_reason:
-                o["finish"] = c.finish_reason
-    return [out[i] for i in sorted(out)]
-
-
-def calls_of(message):
-    return [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
 
 
 def test_named_tool_choice_forces_a_valid_call(client):
@@ -125,6 +84,13 @@ SCRIPTED = [
     ('<tool_call>\n{"name": "get_weather", "arguments": {city: Paris}}\n</tool_call>',
      '<tool_call>\n{"name": "get_weather", "arguments": {city: Paris}}\n</tool_call>', [], "stop"),
     ("It is sunny in Paris.", "It is sunny in Paris.", [], "stop"),
+    # A whole answer that is one bare JSON call of a declared tool (what Qwen2.5-Coder-0.5B writes), or a list
+    # in the parameters form, is a call; JSON naming no declared tool stays content.
+    ('{"name": "get_weather", "arguments": {"city": "Paris"}}', None, [("get_weather", {"city": "Paris"})],
+     "tool_calls"),
+    ('[{"name": "get_time", "parameters": {"zone": "CET"}}, {"name": "get_weather", "parameters": {"city": "Rome"}}]',
+     None, [("get_time", {"zone": "CET"}), ("get_weather", {"city": "Rome"})], "tool_calls"),
+    ('{"name": "Bob", "arguments": {"age": 3}}', '{"name": "Bob", "arguments": {"age": 3}}', [], "stop"),
 ]
 
 
@@ -216,7 +182,7 @@ def test_a_conversation_with_tool_results_renders_as_transformers_does(tools_ser
     ({"tool_choice": "required"}, "tool_choice", "tool_choice needs tools"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
      "not among the tools"),
-    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
+    ({"tools": TOOLS, "tool_choice": "required", "structured_outputs": {"json_object": True}}, "tool_choice",
      "cannot be combined"),
     ({"tools": TOOLS + TOOLS[:1]}, "tools", "same name"),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name", "pattern"),
@@ -233,12 +199,12 @@ def test_bad_tool_requests_are_400s(tools_server, body, param, words):
     assert err["param"] == param
 
 
-def test_auto_needs_a_parser(server):
-    """The embedded model's template names no tool-call format: auto is refused with the way out, not ignored."""
-    r = httpx.post(server.url + "/v1/chat/completions", json={"model": SERVED_NAME, "messages": ASK,
-                                                              "tools": TOOLS, "max_tokens": 4}, timeout=60)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
-    assert "--tool_call_parser" in r.json()["error"]["message"]
+def test_auto_needs_a_parser(thinking, server):
+    """A --chat_template that names no tool-call format: auto is refused with the way out, not ignored. (The
+    embedded model's own template gets rtp-llm's ChatML tool template instead: test_client_libraries.py.)"""
+    with pytest.raises(openai.BadRequestError) as err:
+        thinking.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, max_tokens=4)
+    assert err.value.body["param"] == "tool_choice" and "--tool_call_parser" in err.value.body["message"]
     r = httpx.post(server.url + "/v1/chat/completions", json={
         "model": SERVED_NAME, "messages": ASK, "tools": TOOLS, "max_tokens": 60, "temperature": 0,
         "tool_choice": {"type": "function", "function": {"name": "get_time"}}}, timeout=60)

@@ -1,0 +1,244 @@
+"""What real client libraries send and expect (the openai SDK, the OpenAI Agents SDK, LangChain, instructor,
+pydantic-ai, vLLM's own clients), each as the request body that library sends, against real servers: the embedded
+default model (its own template cannot show tools) and a tiny random model with a Hermes tool template."""
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from rtp_llm.models.default_model import SERVED_NAME, default_model_path
+from tests.server.server_process import ServerProcess
+from tests.server.tool_requests import ASK, HERMES, SCHEMAS, TOOLS, WEATHER, calls_of, reassemble
+
+ANSWER = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 20}}, "required": ["answer"]}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from tests.models.tiny_checkpoints import make_checkpoint
+
+    path = tmp_path_factory.mktemp("tiny_full_vocab")
+    make_checkpoint(path, "llama_full_vocab")
+    return str(path)
+
+
+def _start(model, *flags):
+    return ServerProcess("--model", model, "--tokenizer_path", default_model_path(), "--max_model_len", "512",
+                         "--kv_cache_memory_gb", "0.1", "--served_model_name", "tiny", "--chat_template", HERMES,
+                         *flags)
+
+
+@pytest.fixture(scope="module")
+def tools_server(tiny_model):
+    srv = _start(tiny_model)
+    yield srv
+    assert srv.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def lenient_server(tiny_model):
+    srv = _start(tiny_model, "--strict_json_schemas", "0", "--unknown_fields", "ignore")
+    yield srv
+    assert srv.stop() == 0
+
+
+def client_of(srv):
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def post(srv, path, body):
+    return httpx.post(srv.url + path, json=body, timeout=120)
+
+
+# --- 1. null means the default ------------------------------------------------------------------------------
+NULLS = {"temperature": None, "top_p": None, "n": None, "stream": None, "logprobs": None, "top_logprobs": None,
+         "presence_penalty": None, "frequency_penalty": None, "parallel_tool_calls": None, "stop": None,
+         "max_completion_tokens": None, "stream_options": None, "user": None, "tool_choice": None, "tools": None,
+         "response_format": None}
+
+
+def test_an_explicit_null_is_the_default(server):
+    """The openai SDK sends null for every argument application code passes as None."""
+    base = {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 8, "seed": 3}
+    plain = post(server, "/v1/chat/completions", base)
+    nulls = post(server, "/v1/chat/completions", {**base, **NULLS})
+    assert nulls.status_code == 200, nulls.text
+    # temperature null is 1.0 and seed 3 samples the same tokens as when temperature is left out
+    assert nulls.json()["choices"] == plain.json()["choices"]
+    comp = {"prompt": "Once upon", "max_tokens": 6, "seed": 1}
+    a = post(server, "/v1/completions", {**comp, "n": None, "echo": None, "logprobs": None, "suffix": None})
+    assert a.status_code == 200, a.text
+    assert a.json()["choices"][0]["text"] == post(server, "/v1/completions", comp).json()["choices"][0]["text"]
+    bad = post(server, "/v1/chat/completions", {**base, "messages": None})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+
+
+# --- 2. the assistant message sent back as the SDK dumps it --------------------------------------------------
+def test_the_sdk_message_dump_goes_back_into_the_conversation(server):
+    client = client_of(server)
+    msgs = [{"role": "user", "content": "Say hi."}]
+    first = client.chat.completions.create(model=SERVED_NAME, messages=msgs, max_tokens=6, temperature=0)
+    dumped = first.choices[0].message.model_dump()
+    assert {"refusal", "function_call", "audio", "tool_calls"} <= set(dumped)  # the fields that used to be 400s
+    msgs += [dumped, {"role": "user", "content": "Again."}]
+    again = client.chat.completions.create(model=SERVED_NAME, messages=msgs, max_tokens=6, temperature=0)
+    assert again.choices[0].finish_reason in ("stop", "length")
+    # the null extras render nothing: the same prompt as the bare assistant message
+    bare = msgs[:1] + [{"role": "assistant", "content": dumped["content"]}] + msgs[2:]
+    assert post(server, "/tokenize", {"messages": msgs}).json() == post(server, "/tokenize", {"messages": bare}).json()
+    # a refusal is what the assistant said
+    refused = [msgs[0], {"role": "assistant", "content": None, "refusal": "I cannot."}]
+    said = [msgs[0], {"role": "assistant", "content": "I cannot."}]
+    assert post(server, "/tokenize", {"messages": refused}).json() == post(server, "/tokenize",
+                                                                           {"messages": said}).json()
+    audio = post(server, "/v1/chat/completions", {"messages": [msgs[0], {"role": "assistant", "content": "x",
+                                                                          "audio": {"id": "a1"}}], "max_tokens": 2})
+    assert audio.status_code == 400 and audio.json()["error"]["param"] == "messages.1.audio"
+    assert "audio" in audio.json()["error"]["message"]
+
+
+# --- 3. tools together with response_format ------------------------------------------------------------------
+def test_forced_calls_with_a_response_format_are_calls(tools_server):
+    """The Agents SDK's tools + output_type: the format shapes a text answer, a forced call is none."""
+    r = client_of(tools_server).chat.completions.create(
+        model="tiny", messages=ASK, tools=TOOLS, max_tokens=80, seed=2, tool_choice="required",
+        response_format={"type": "json_schema", "json_schema": {"name": "Answer", "schema": ANSWER}})
+    for name, args in calls_of(r.choices[0].message):
+        jsonschema.validate(json.loads(args), SCHEMAS[name])
+    assert r.choices[0].message.tool_calls
+
+
+def test_auto_with_a_response_format_answers_in_the_format_or_calls_a_tool(tools_server):
+    body = dict(model="tiny", messages=ASK, tools=TOOLS, max_tokens=120, temperature=1.0, n=6, seed=11,
+                response_format={"type": "json_schema", "json_schema": {"name": "Answer", "schema": ANSWER,
+                                                                        "description": "the final answer"}})
+    r = client_of(tools_server).chat.completions.create(**body)
+    kinds = set()
+    for c in r.choices:
+        if c.message.tool_calls:
+            kinds.add("call")
+            assert c.finish_reason == "tool_calls" and not c.message.content
+            for name, args in calls_of(c.message):
+                jsonschema.validate(json.loads(args), SCHEMAS[name])
+        else:
+            kinds.add("answer")
+            jsonschema.validate(json.loads(c.message.content), {**ANSWER, "additionalProperties": False})
+    assert kinds == {"answer", "call"}  # each choice is one of the two (this seed's six choices show both)
+    streamed = reassemble(client_of(tools_server).chat.completions.create(stream=True, **body))
+    assert [(s["content"] or None, [(x["name"], x["arguments"]) for x in s["calls"].values()]) for s in streamed] \
+        == [(c.message.content, calls_of(c.message)) for c in r.choices]
+
+
+# --- 4. a forced call cut by max_tokens, and arguments streamed as they come -----------------------------------
+@pytest.mark.parametrize("choice,max_tokens", [({"type": "function", "function": {"name": "get_weather"}}, 5),
+                                               ("required", 14)])
+def test_a_forced_call_cut_by_max_tokens_is_still_a_tool_call(tools_server, choice, max_tokens):
+    kw = dict(model="tiny", messages=ASK, tools=TOOLS, max_tokens=max_tokens, seed=5, tool_choice=choice)
+    c = client_of(tools_server).chat.completions.create(**kw).choices[0]
+    assert c.finish_reason == "length" and c.message.content is None
+    (name, args), = calls_of(c.message)[:1]
+    assert name in SCHEMAS and args  # the arguments written so far: not JSON yet
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(args)
+    s = reassemble(client_of(tools_server).chat.completions.create(stream=True, **kw))[0]
+    assert s["finish"] == "length" and s["content"] == ""
+    assert [(x["name"], x["arguments"]) for x in s["calls"].values()] == calls_of(c.message)
+
+
+def test_forced_call_arguments_stream_in_pieces(tools_server):
+    """instructor's partial objects read the argument deltas as they come."""
+    stream = client_of(tools_server).chat.completions.create(
+        model="tiny", messages=ASK, tools=TOOLS, max_tokens=60, seed=8, stream=True,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    pieces = [tc.function.arguments for ch in stream for c in ch.choices for tc in c.delta.tool_calls or []
+              if tc.function and tc.function.arguments]
+    assert len(pieces) >= 3
+    jsonschema.validate(json.loads("".join(pieces)), WEATHER)
+
+
+# --- strict schemas ------------------------------------------------------------------------------------------
+def _comma_biased(srv, lenient):
+    """A schema naming one boolean property; the comma pushed up as far as logit_bias goes: strict closes the
+    object (the only way on), lenient writes a second, unnamed property."""
+    from rtp_llm.tokenizer.tokenizer import Tokenizer
+
+    tok = Tokenizer.load(default_model_path())
+    bias = {str(t): 100 for t in tok.encode(",", add_special_tokens=False)}
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    r = post(srv, "/v1/chat/completions", {"messages": ASK, "max_tokens": 24, "temperature": 0, "logit_bias": bias,
+                                           "response_format": {"type": "json_schema",
+                                                               "json_schema": {"name": "x", "schema": schema}}})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
+
+
+def test_schemas_are_strict_unless_the_flag_says_lenient(tools_server, lenient_server):
+    strict = _comma_biased(tools_server, False)
+    assert set(json.loads(strict)) == {"ok"}
+    lenient = _comma_biased(lenient_server, True)
+    assert lenient.replace(" ", "").startswith(('{"ok":true,', '{"ok":false,')), lenient
+
+
+# --- 5. the default server runs an agent's tool loop ---------------------------------------------------------
+def test_the_embedded_model_takes_tools_with_auto_and_a_tool_loop(server):
+    weather = TOOLS[:1]
+    r = post(server, "/v1/chat/completions", {"messages": ASK, "tools": weather, "max_tokens": 24, "seed": 1})
+    assert r.status_code == 200, r.text  # tool_choice auto, every library's default with tools
+    shown = post(server, "/tokenize", {"messages": ASK, "tools": weather, "return_token_strs": False}).json()
+    text = post(server, "/detokenize", {"tokens": shown["tokens"]}).json()["prompt"]
+    assert "<tools>" in text and '"name": "get_weather"' in text and "<tool_call>" in text
+    loop = ASK + [{"role": "assistant", "content": None, "refusal": None, "audio": None, "function_call": None,
+                   "tool_calls": [{"id": "call_1", "type": "function",
+                                   "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                  {"role": "tool", "tool_call_id": "call_1", "content": "21 C, sunny"}]
+    answer = post(server, "/v1/chat/completions", {"messages": loop, "tools": weather, "max_tokens": 16, "seed": 1})
+    assert answer.status_code == 200, answer.text
+    ids = post(server, "/tokenize", {"messages": loop, "tools": weather}).json()["tokens"]
+    text = post(server, "/detokenize", {"tokens": ids}).json()["prompt"]
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    assert "<tool_response>\n21 C, sunny\n</tool_response>" in text
+    # a request without tools keeps the model's own template (its default system prompt)
+    plain = post(server, "/tokenize", {"messages": ASK}).json()["tokens"]
+    assert "named SmolLM" in post(server, "/detokenize", {"tokens": plain}).json()["prompt"]
+    assert "chatml_tools" in server.output()
+
+
+# --- 6 and 8: vLLM's and OpenAI's smaller shapes; refusals in the log ------------------------------------------
+def test_vllm_client_shapes(server):
+    assert post(server, "/tokenize", {"model": SERVED_NAME, "prompt": "hi"}).status_code == 200
+    wrong = post(server, "/tokenize", {"model": "nope", "prompt": "hi"})
+    assert wrong.status_code == 404 and wrong.json()["error"]["param"] == "model"
+    assert post(server, "/detokenize", {"model": SERVED_NAME, "tokens": [1, 2]}).status_code == 200
+    chat = post(server, "/v1/chat/completions", {"messages": ASK, "max_tokens": 2}).json()
+    assert chat["prompt_logprobs"] is None and chat["prompt_token_ids"] is None
+    comp = post(server, "/v1/completions", {"prompt": "a", "max_tokens": 2}).json()
+    assert all(c["prompt_logprobs"] is None and c["prompt_token_ids"] is None for c in comp["choices"])
+    with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=60, json={
+            "messages": ASK, "max_tokens": 3, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert events[0]["usage"]["completion_tokens"] == 0 and events[1]["usage"]["completion_tokens"] >= 1
+
+
+def test_json_schema_description_is_accepted_and_refusals_are_logged(server):
+    schema = {"name": "Answer", "description": "what the user asked", "schema": ANSWER}
+    ok = post(server, "/v1/chat/completions", {"messages": ASK, "max_tokens": 30,
+                                               "response_format": {"type": "json_schema", "json_schema": schema}})
+    assert ok.status_code == 200, ok.text
+    secret = "my-secret-prompt-text"
+    bad = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": secret}], "nope": 1})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "unsupported_parameter"
+    log = server.output()
+    assert "rejected POST /v1/chat/completions: 400 nope:" in log and secret not in log
+
+
+def test_unknown_fields_flag_ignores_them_with_one_warning(lenient_server):
+    body = {"messages": ASK, "max_tokens": 2, "vendor_field": {"x": 1}}
+    for _ in range(2):
+        r = post(lenient_server, "/v1/chat/completions", body)
+        assert r.status_code == 200, r.text
+    assert lenient_server.output().count("unknown request field 'vendor_field'") == 1
