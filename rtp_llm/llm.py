@@ -4,6 +4,7 @@
     llm = LLM(model="/path/to/model-or.gguf")
     outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(max_tokens=32))
     outs = llm.chat([{"role": "user", "content": "Hi"}])
+    vecs = LLM(model=embedding_model, runner="pooling").embed(["a text", "another"])
 
 The EngineCore runs on the calling thread, step by step, until every prompt has finished.
 """
@@ -16,9 +17,16 @@ from typing import Any, Optional, Sequence, Union
 from rtp_llm.config.engine_config import EngineConfig
 from rtp_llm.engine.core import EngineCore
 from rtp_llm.engine.outputs import OutputCollector, RequestOutput
+from rtp_llm.pooling import PoolingParams
 from rtp_llm.sampling import SamplingParams
 
 Prompt = Union[str, Sequence[int]]
+
+
+def _many(prompts) -> list:
+    if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
+        return [prompts]
+    return list(prompts)
 
 
 class LLM:
@@ -42,14 +50,36 @@ class LLM:
                  params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Runs every prompt to completion; outputs come back in the order of the prompts."""
-        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        prompts = _many(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
-        requests = [self.processor.process(f"offline-{next(self._ids)}", prompt, p)
-                    for prompt, p in zip(prompts, params)]
+        return self._run([self.processor.process(f"offline-{next(self._ids)}", prompt, p)
+                          for prompt, p in zip(prompts, params)], use_tqdm, "Generating")
+
+    def embed(self, prompts: Union[Prompt, Sequence[Prompt]], pooling_params: Optional[PoolingParams] = None,
+              use_tqdm: bool = True) -> list[list[float]]:
+        """Each prompt's embedding (LLM(..., runner="pooling") on an embedding model), in the order of the prompts."""
+        pooling = pooling_params or PoolingParams("embed")
+        return [o.pooled for o in self._run([self.processor.process(f"offline-{next(self._ids)}", p, pooling=pooling)
+                                             for p in _many(prompts)], use_tqdm, "Embedding")]
+
+    def score(self, first: Union[str, Sequence[str]], second: Union[str, Sequence[str]],
+              pooling_params: Optional[PoolingParams] = None, use_tqdm: bool = True) -> list[float]:
+        """vLLM's LLM.score on a cross-encoder or reranker: one text against each of a list, or pairs one to one."""
+        first, second = ([first] if isinstance(first, str) else list(first)), (
+            [second] if isinstance(second, str) else list(second))
+        if len(first) == 1:
+            first = first * len(second)
+        if len(first) != len(second):
+            raise ValueError(f"score pairs texts one to one: {len(first)} first texts, {len(second)} second texts")
+        pooling = pooling_params or PoolingParams("score")
+        requests = [self.processor.process(f"offline-{next(self._ids)}", self.tokenizer.encode_pair(a, b),
+                                           pooling=pooling) for a, b in zip(first, second)]
+        return [o.pooled[0] for o in self._run(requests, use_tqdm, "Scoring")]
+
+    def _run(self, requests: list, use_tqdm: bool, what: str) -> list[RequestOutput]:
         ids = [r.request_id for r in requests]
         wanted = set(ids)
         done: dict[str, RequestOutput] = {}
@@ -58,7 +88,7 @@ class LLM:
         if use_tqdm:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(ids), desc="Generating", unit="req")
+            bar = tqdm(total=len(ids), desc=what, unit="req")
         try:
             for r in requests:
                 self.core.add_request(r)
@@ -66,6 +96,8 @@ class LLM:
                 for delta in self.core.step():
                     out = collector.add(delta)
                     if out.finished and out.request_id in wanted and out.request_id not in done:
+                        if out.error is not None and out.pooled is None and requests[0].pooling is not None:
+                            raise RuntimeError(f"request {out.request_id} failed: {out.error}")
                         done[out.request_id] = out
                         if bar:
                             bar.update(1)

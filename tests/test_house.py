@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "rtp_llm")
 # Top floor first; a module imports from its own floor or below.
 FLOORS = ["server start_server llm tools doctor", "engine", "spec_decode", "distributed", "tokenizer", "models",
-          "sampling", "layers", "device", "cache", "_native", "config errors __init__"]
+          "sampling pooling", "layers", "device", "cache", "_native", "config errors __init__"]
 FLOOR = {room: i for i, rooms in enumerate(FLOORS) for room in rooms.split()}
 MAX_LINES = 420
 

@@ -36,6 +36,12 @@ class EngineConfig:
     # Speculative decoding: vLLM's speculative_config (a JSON string or a dict); None = off. Read into
     # `speculative` (config/speculative_config.py).
     speculative_config: Optional[Union[str, dict]] = None
+    # What the engine runs the model for: generate (the next token), pooling (hidden states: embeddings, scores;
+    # rtp_llm/pooling/), or auto (pooling for a checkpoint without an LM head: *Model, *ForSequenceClassification,
+    # classifier_from_token). vLLM's older --task spellings embed / score / classify mean pooling.
+    runner: str = "auto"
+    pooler_config: Optional[Union[str, dict]] = None  # vLLM's: {"pooling_type": "MEAN", "normalize": true}
+    hf_overrides: Optional[Union[str, dict]] = None   # vLLM's: keys merged into the checkpoint's config.json
     # Settings only one device reads, by name (e.g. "cpu_gemv_weights"); that device validates them.
     device_options: dict[str, str] = field(default_factory=dict)
 
@@ -54,11 +60,20 @@ class EngineConfig:
             ("tp_timeout_s", self.tp_timeout_s > 0),
             ("tp_heartbeat_timeout_s", self.tp_heartbeat_timeout_s > 0),
             ("quantization", self.quantization in ("auto", "none", "int8")),
+            ("runner", self.runner in ("auto", "generate", "pooling", "embed", "score", "classify")),
         ]
         for name, ok in checks:
             if not ok:
                 raise ValueError(f"invalid {name}: {getattr(self, name)!r}")
         self.speculative: Optional[SpeculativeConfig] = SpeculativeConfig.parse(self.speculative_config)
+        if self.runner in ("embed", "score", "classify"):
+            self.runner = "pooling"
+        if isinstance(self.hf_overrides, str):
+            import json
+
+            self.hf_overrides = json.loads(self.hf_overrides) if self.hf_overrides.strip() else None
+        if self.hf_overrides is not None and not isinstance(self.hf_overrides, dict):
+            raise ValueError(f"invalid hf_overrides: {self.hf_overrides!r} (a JSON object)")
 
     @property
     def prefill_chunk(self) -> int:

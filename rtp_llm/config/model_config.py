@@ -27,6 +27,11 @@ ARCHITECTURES = {
     "Qwen2MoeForCausalLM": "qwen_2_moe",
     "MixtralForCausalLM": "mixtral",
 }
+# The same decoders without the LM head: a base model (its hidden states: embeddings) or a classification head on
+# the last token (cross-encoders, rerankers). Their checkpoints are read with --runner pooling.
+HEADLESS = {"Qwen3Model": "qwen_3", "Qwen2Model": "qwen_2", "LlamaModel": "llama"}
+CLASSIFIERS = {"Qwen3ForSequenceClassification": "qwen_3", "Qwen2ForSequenceClassification": "qwen_2",
+               "LlamaForSequenceClassification": "llama"}
 # Accepted --model_type spellings (upstream's first) -> canonical.
 MODEL_TYPES = {"qwen_3": "qwen_3", "qwen3": "qwen_3", "qwen_2": "qwen_2", "qwen2": "qwen_2", "llama": "llama",
                "qwen_3_moe": "qwen_3_moe", "qwen3_moe": "qwen_3_moe", "qwen_2_moe": "qwen_2_moe",
@@ -168,6 +173,13 @@ class ModelConfig:
     bos_token_id: Optional[int] = None
     eos_token_ids: list[int] = field(default_factory=list)
     moe: Optional[MoEConfig] = None
+    # What follows the final norm: "lm" (the vocabulary's logits), "none" (a base model: hidden states only) or
+    # "score" (num_labels logits of the last token, HF's *ForSequenceClassification). classifier_from_token: a
+    # causal LM read as a one-label classifier from its LM head's rows for these tokens (["no", "yes"]: the
+    # Qwen3-Reranker recipe, vLLM's hf_overrides of the same name).
+    head: str = "lm"
+    num_labels: int = 0
+    classifier_from_token: Optional[list[str]] = None
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -191,17 +203,28 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any], model_type: str | None = None) -> "ModelConfig":
         archs = cfg.get("architectures") or []
+        every = {**ARCHITECTURES, **HEADLESS, **CLASSIFIERS}
+        known = [a for a in archs if a in every]
         if model_type is not None:
             mt = canonical_model_type(model_type)
-            arch = next(a for a, t in ARCHITECTURES.items() if t == mt)
+            arch = next((a for a in known if every[a] == mt), next(a for a, t in ARCHITECTURES.items() if t == mt))
         else:
-            known = [a for a in archs if a in ARCHITECTURES]
             if not known:
                 raise UnknownArchitectureError(
                     f"unknown architecture {archs or cfg.get('model_type')!r}; supported: "
-                    f"{', '.join(ARCHITECTURES)} (or pass --model_type, e.g. qwen_3 | qwen_2 | llama)")
+                    f"{', '.join(every)} (or pass --model_type, e.g. qwen_3 | qwen_2 | llama)")
             arch = known[0]
-            mt = ARCHITECTURES[arch]
+            mt = every[arch]
+        head = "none" if arch in HEADLESS else "score" if arch in CLASSIFIERS else "lm"
+        if cfg.get("classifier_from_token") is not None:
+            head = "lm"  # the classifier is read from the LM head's rows (rtp_llm/pooling/pooler.py)
+        from_token = cfg.get("classifier_from_token")
+        if from_token is not None and (arch not in CLASSIFIERS or not isinstance(from_token, list)
+                                       or len(from_token) != 2):
+            raise CheckpointError("classifier_from_token takes two tokens ([\"no\", \"yes\"]) with a "
+                                  "*ForSequenceClassification architecture (vLLM's hf_overrides)")
+        num_labels = 1 if from_token else int(cfg.get("num_labels") or len(cfg.get("id2label") or {}) or
+                                              (2 if head == "score" else 0))
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
@@ -231,17 +254,20 @@ class ModelConfig:
                 bos_token_id=cfg.get("bos_token_id"),
                 eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
                 moe=MoEConfig.from_hf(cfg, mt),
+                head=head,
+                num_labels=num_labels,
+                classifier_from_token=from_token,
             )
         except KeyError as exc:
             raise CheckpointError(f"config.json is missing the field {exc.args[0]!r}") from None
 
     @classmethod
-    def from_hf_dir(cls, path: str, model_type: str | None = None) -> "ModelConfig":
+    def from_hf_dir(cls, path: str, model_type: str | None = None, overrides: dict | None = None) -> "ModelConfig":
         cfg_path = os.path.join(path, "config.json")
         if not os.path.isfile(cfg_path):
             raise MissingFileError(f"no config.json in {path}")
         with open(cfg_path) as f:
-            return cls.from_hf_dict(json.load(f), model_type)
+            return cls.from_hf_dict({**json.load(f), **(overrides or {})}, model_type)
 
     # --- GGUF metadata ------------------------------------------------------------------------------
     @classmethod

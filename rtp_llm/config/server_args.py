@@ -120,6 +120,18 @@ FLAGS = [
                  "speculative decoding, vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
                  "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 5} or {\"method\": \"draft_model\", \"model\": "
                  "PATH, \"num_speculative_tokens\": 4}; outputs are the same bits as without it (docs/speculative.md)"),
+    _engine_flag("runner", "RUNNER", str,
+                 "what the model runs for: generate (chat and completions), pooling (embeddings, score, rerank: "
+                 "docs/pooling.md); auto = pooling for a checkpoint without an LM head (*Model, "
+                 "*ForSequenceClassification); vLLM's --task embed | score | classify mean pooling",
+                 aliases=("--task",), choices=("auto", "generate", "pooling", "embed", "score", "classify")),
+    _engine_flag("pooler_config", "POOLER_CONFIG", _opt_str,
+                 "pooling runner, vLLM's JSON: {\"pooling_type\": \"MEAN\" | \"CLS\" | \"LAST\", \"normalize\": "
+                 "true}; default: the checkpoint's sentence-transformers files, else last token"),
+    _engine_flag("hf_overrides", "HF_OVERRIDES", _opt_str,
+                 "vLLM's JSON merged into the checkpoint's config.json, e.g. a Qwen3-Reranker as a classifier: "
+                 "{\"architectures\": [\"Qwen3ForSequenceClassification\"], \"classifier_from_token\": [\"no\", "
+                 "\"yes\"]}"),
     Flag("cpu_gemv_weights", "CPU_GEMV_WEIGHTS", str, "auto",
          "CPU, where linear layers run on oneDNN (bf16 without avx512_bf16; fp32 without AVX-512): also keep plain "
          "weight copies for the GEMV kernel of steps of few rows (it streams weights faster than the packed GEMM; "

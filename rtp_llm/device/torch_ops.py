@@ -146,10 +146,11 @@ class TorchOps:
     def prepare_linears(self, linears, head) -> None:
         """Called once after the weights are loaded: gives each linear layer (rtp_llm/layers/linear.py) its
         kernel. `linears`: the decoder layers' Linear objects; `head`: the LM head's (tied: the embedding's
-        weight). A device may repack the weights here (CPU: panels or oneDNN's layout)."""
+        weight; None for a model without one). A device may repack the weights here (CPU: panels or oneDNN's layout)."""
         for lin in linears:
             lin.kernel = TorchLinear(lin.weight)
-        head.kernel = TorchHead(head.weight)
+        if head is not None:  # None: a pooling model without an LM head
+            head.kernel = TorchHead(head.weight)
 
     def fused_layers(self, layers, cfg):
         """A callable running every decoder layer of a step in one call, or None where this op set has none

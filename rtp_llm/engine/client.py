@@ -28,6 +28,7 @@ from rtp_llm.engine.outputs import RequestOutput, RequestState
 from rtp_llm.engine.protocol import (AbortRequest, AddRequest, CoreDied, Rejected, Shutdown, StartupFailed,
                                      StatsUpdate, StepOutputs, WorkerFailed)
 from rtp_llm.errors import EngineDeadError, RequestRejected, TPWorkerError
+from rtp_llm.pooling import PoolingParams
 from rtp_llm.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -112,8 +113,8 @@ class EngineClient:
             _call_soon(stream.loop, stream.fail, exc)
 
     # --- the asyncio side --------------------------------------------------------------------------------------
-    def submit(self, prompt: Union[str, Sequence[int]], params: SamplingParams,
-               request_id: Optional[str] = None) -> "RequestStream":
+    def submit(self, prompt: Union[str, Sequence[int]], params: Optional[SamplingParams],
+               request_id: Optional[str] = None, pooling: Optional[PoolingParams] = None) -> "RequestStream":
         """Validates and sends a request; returns its stream at once (no round trip to the core). Raises
         RequestRejected (a bad request) or EngineDeadError; what only the core can refuse (a full queue, an id in
         use) ends the stream with that error, before any output (RequestStream.wait_started)."""
@@ -124,7 +125,7 @@ class EngineClient:
         rid = request_id or uuid.uuid4().hex
         if rid in self._streams:  # this client routes outputs by id: one open stream per id
             raise RequestRejected(f"request id {rid!r} is already in use")
-        request = self.processor.process(rid, prompt, params)
+        request = self.processor.process(rid, prompt, params, pooling=pooling)
         stream = self._streams[rid] = RequestStream(self, rid, asyncio.get_running_loop())
         self._send(AddRequest(request))
         if self.dead is not None:  # died while sending: fail() may have run before the stream was registered

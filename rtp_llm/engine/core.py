@@ -61,7 +61,7 @@ class EngineCore:
             from rtp_llm.models.loader import load_config
             from rtp_llm.models.sharding import TPShard
 
-            shape = load_config(config.model, config.model_type)
+            shape = load_config(config.model, config.model_type, config.hf_overrides)
             for rank in range(config.tp_size):  # refuse an impossible split before starting any process
                 TPShard.plan(shape, config.tp_size, rank)
             self.tp_runtime = TPRuntime(config, self.device, launch_env(config.tp_size))
@@ -97,14 +97,24 @@ class EngineCore:
                 f"the KV cache holds {capacity} tokens ({num_blocks - 1} blocks of {self.block_size}), less than "
                 f"max_model_len={self.max_model_len}: give it more memory (kv_cache_memory_gb / num_blocks) "
                 f"or lower max_model_len")
-        self.scheduler = Scheduler(num_blocks, self.block_size, config.enable_prefix_caching, config.max_num_seqs,
-                                   config.max_num_batched_tokens, config.prefill_chunk)
+        self.pooling = config.runner == "pooling" or (config.runner == "auto" and (
+            mc.head != "lm" or mc.classifier_from_token is not None))
+        # a pooling request reads every position it pools from its own prefill: nothing to cache for later
+        self.scheduler = Scheduler(num_blocks, self.block_size, config.enable_prefix_caching and not self.pooling,
+                                   config.max_num_seqs, config.max_num_batched_tokens, config.prefill_chunk)
         self.eos_ids = frozenset(mc.eos_token_ids) | (
             frozenset() if self.tokenizer.eos_token_id is None else {self.tokenizer.eos_token_id})
         self.grammars = GrammarCompiler(self.tokenizer, mc.vocab_size, self.eos_ids)
         self.runner = ModelRunner(model, mc, num_blocks, self.block_size, self.device, config.attention_backend, tp,
                                   self.grammars)
         self.output = OutputProcessor(self.max_model_len)
+        if self.pooling:
+            from rtp_llm.pooling import Pooler
+
+            if tp is not None or config.speculative is not None:
+                raise ValueError("--runner pooling runs on one rank without speculative decoding (tp_size 1, no "
+                                 "speculative_config)")
+            self.runner.pooler = Pooler.for_engine(model, config.model, self.tokenizer, config.pooler_config)
         self.speculator = self._speculator(config)
         self.requests: dict[str, Request] = {}
         self._rng = random.Random(config.seed)
@@ -148,8 +158,10 @@ class EngineCore:
     # --- requests ----------------------------------------------------------------------------------------------
     @property
     def limits(self) -> InputLimits:
+        pooler = self.runner.pooler
         return InputLimits(self.max_model_len, self.vocab_size, self.scheduler.manager.num_blocks - 1,
-                           self.block_size, self.config.max_logprobs)
+                           self.block_size, self.config.max_logprobs,
+                           pooler.tasks if pooler is not None else ("generate",), self.model_config.hidden_size)
 
     def input_processor(self) -> InputProcessor:
         """The processor for requests to this core, sharing its grammar cache (callers on this process)."""
@@ -179,6 +191,8 @@ class EngineCore:
             req.sequences.append(Sequence(next(self._seq_ids), req, i, base_seed + i,
                                           IncrementalDetokenizer(self.tokenizer, params.stop)))
         self.requests[rid] = req
+        if request.pooling is not None:
+            req.pooling, req.pool_wanted = request.pooling, self.runner.pooler.rows_wanted()
         so = params.structured_outputs
         if so is not None and not self.grammars.cached(so):
             # A grammar not seen yet is compiled on a worker thread: the loop keeps stepping the others.
@@ -270,6 +284,8 @@ class EngineCore:
     def update_from_output(self, sched: SchedulerOutput, result: RunnerOutput) -> list[OutputDelta]:
         """Forks the siblings that sampled their first token, appends every sampled token, finishes what stopped,
         and returns the touched requests' deltas."""
+        if result.pooled is not None:
+            return self._pooled(result.pooled)
         self.scheduler.fork_siblings(sched)
         for seq, start, lps in result.prompt_logprobs:
             done = seq.request.prompt_logprobs
@@ -314,6 +330,19 @@ class EngineCore:
             outputs.append(self.output.request_delta(req, deltas))
             if req.finished:
                 self._retire(req)
+        return outputs
+
+    def _pooled(self, pooled: dict) -> list[OutputDelta]:
+        """Pooling requests whose prompt completed: their result goes out and their KV blocks back."""
+        outputs = []
+        for seq, value in pooled.items():
+            req = seq.request
+            if seq.finished or req.request_id not in self.requests:
+                continue
+            req.pooled, req.first_token_time = value, time.monotonic()
+            self._finish(seq, FinishReason.STOP)
+            outputs.append(self.output.request_delta(req, {}))
+            self._retire(req)
         return outputs
 
     def _settle(self, x, rows: int) -> None:

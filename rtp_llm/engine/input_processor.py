@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence, Union
 
 from rtp_llm.engine.protocol import EngineRequest, InputLimits
 from rtp_llm.errors import RequestRejected
+from rtp_llm.pooling.params import PoolingParams
 from rtp_llm.sampling.grammar import GrammarCompiler
 from rtp_llm.sampling.params import SamplingParams
 
@@ -68,14 +69,25 @@ class InputProcessor:
         return out
 
     def process(self, request_id: str, prompt: Prompt, params: Optional[SamplingParams] = None,
-                arrival: Optional[float] = None) -> EngineRequest:
-        params = params or SamplingParams()
+                arrival: Optional[float] = None, pooling: Optional[PoolingParams] = None) -> EngineRequest:
+        """pooling: a pooling request (embed / score / classify), which reads its prompt and generates nothing."""
         ids = self.encode(prompt)
         if not ids:
             raise RequestRejected("the prompt is empty")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise RequestRejected(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        task = "generate" if pooling is None else pooling.task
+        if task not in self.limits.tasks:
+            why = ("it runs --runner pooling" if task == "generate" else "start it with --runner pooling"
+                   if "generate" in self.limits.tasks else "embeddings need a base or causal model"
+                   if task == "embed" else "scores need a cross-encoder (*ForSequenceClassification) or "
+                   "classifier_from_token")
+            raise RequestRejected(f"this engine answers {', '.join(self.limits.tasks)}, not {task} ({why})",
+                                  param="model")
+        if pooling is not None:
+            return self._pooling(request_id, ids, pooling, arrival)
+        params = params or SamplingParams()
         if params.bad_words and not params.bad_words_token_ids:
             params.bad_words_token_ids = self.bad_words_ids(params.bad_words)
         for name, named in params.token_id_fields().items():
@@ -108,3 +120,14 @@ class InputProcessor:
             raise RequestRejected(f"the request needs up to {worst} KV blocks but the pool has {pool}; lower "
                                   f"max_tokens or n")
         return EngineRequest(request_id, ids, params, arrival if arrival is not None else time.monotonic())
+
+    def _pooling(self, request_id: str, ids: list[int], pooling: PoolingParams,
+                 arrival: Optional[float]) -> EngineRequest:
+        if len(ids) > self.max_model_len:
+            raise RequestRejected(f"the input ({len(ids)} tokens) exceeds max_model_len={self.max_model_len}")
+        if pooling.dimensions is not None and self.limits.hidden_size and pooling.dimensions > self.limits.hidden_size:
+            raise RequestRejected(f"dimensions: {pooling.dimensions} exceeds the model's {self.limits.hidden_size}",
+                                  param="dimensions")
+        # one sample that reads the prompt: the greedy defaults, never applied
+        return EngineRequest(request_id, ids, SamplingParams(max_tokens=1, temperature=0),
+                             arrival if arrival is not None else time.monotonic(), pooling)

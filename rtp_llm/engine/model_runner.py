@@ -37,6 +37,8 @@ class RunnerOutput:
     top_logprobs: Optional[list[list[float]]] = None
     # (sequence, first prompt position, logprobs of the prompt tokens after it) for the step's prompt rows
     prompt_logprobs: list[tuple[Sequence, int, list[TokenLogprob]]] = field(default_factory=list)
+    # a pooling runner's step: the result of every sequence whose prompt it completed (token_ids is empty)
+    pooled: Optional[dict[Sequence, list[float]]] = None
 
 
 class ModelRunner:
@@ -53,12 +55,17 @@ class ModelRunner:
         self.attn = device.attention_backend(attention)(heads, kv_heads, cfg.head_dim, cfg.head_dim ** -0.5,
                                                         block_size)
         self.sampler = Sampler(model.ops)
+        self.pooler = None  # --runner pooling: rtp_llm/pooling/Pooler, set by the core
+
 
     # --- the step ----------------------------------------------------------------------------------------------
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         items = sched.scheduled
         tokens, starts, slots = [x.tokens for x in items], [x.start for x in items], [x.slots for x in items]
         need = [x.need_logits for x in items]
+        if self.pooler is not None:
+            return self._pool(ForwardBatch.build(tokens, starts, slots, sched.block_table, self.block_size, need,
+                                                 self.device), sched)
         greedy = self._greedy_step(sched) and not sched.prompt_rows
         try:
             if self.tp is not None:  # the other ranks run the same step from its message
@@ -74,6 +81,15 @@ class ModelRunner:
         result = self._sample(out, sched.sample_rows, sched.sample_ahead)
         result.prompt_logprobs = [self._prompt_logprobs(out, *rows) for rows in sched.prompt_rows]
         return result
+
+    def _pool(self, batch: ForwardBatch, sched: SchedulerOutput) -> RunnerOutput:
+        """A pooling step: the hidden states of the rows pooling reads, no logits (one rank: the core refuses
+        tensor parallelism with pooling)."""
+        self.kv.copy_blocks(sched.copies)
+        h = self.model(batch, self.kv, self.attn)
+        for seq, start, first, count in sched.prompt_rows:
+            self.pooler.add_rows(seq.request, start, h[first:first + count])
+        return RunnerOutput([], pooled={seq: self.pooler.finish(seq.request, h[row]) for seq, row in sched.sample_rows})
 
     @staticmethod
     def _prompt_logprobs(logits: torch.Tensor, seq: Sequence, start: int, first: int,

@@ -86,4 +86,4 @@ class OutputProcessor:
         return OutputDelta(req.request_id, req.prompt_ids if first else None, req.finished, req.cached_tokens,
                            req.error, {"arrival": req.arrival, "first_token": req.first_token_time,
                                        "finish": req.finish_time, "computed_prompt_tokens": req.computed_prompt_tokens},
-                           samples, prompt_lps)
+                           samples, prompt_lps, req.pooled if req.finished else None)

@@ -99,6 +99,7 @@ class RequestOutput:
     metrics: dict = field(default_factory=dict)  # arrival, first_token, finish times (monotonic)
     # vLLM's: per prompt position, the prompt token's logprob (None for the first token), when asked
     prompt_logprobs: Optional[list[Optional[TokenLogprob]]] = None
+    pooled: Optional[list[float]] = None  # a pooling request's embedding or scores (--runner pooling)
 
     @property
     def num_output_tokens(self) -> int:
@@ -126,7 +127,7 @@ class RequestState:
     come, take() one RequestOutput covering everything applied since the previous take. A consumer that falls
     behind costs the record it keeps anyway, not one output per step."""
     __slots__ = ("request_id", "prompt_token_ids", "samples", "finished", "num_cached_tokens", "error", "metrics",
-                 "prompt_logprobs", "pending")
+                 "prompt_logprobs", "pending", "pooled")
 
     def __init__(self, request_id: str):
         self.request_id = request_id
@@ -137,6 +138,7 @@ class RequestState:
         self.error: Optional[str] = None
         self.metrics: dict = {}
         self.prompt_logprobs = None
+        self.pooled = None
         self.pending = False  # applied deltas not yet taken
 
     def apply(self, delta) -> None:
@@ -144,6 +146,8 @@ class RequestState:
             self.prompt_token_ids = delta.prompt_token_ids
         if delta.prompt_logprobs is not None:
             self.prompt_logprobs = delta.prompt_logprobs
+        if delta.pooled is not None:
+            self.pooled = delta.pooled
         for d in delta.samples:
             s = self.samples.get(d.index)
             if s is None:
@@ -172,7 +176,7 @@ class RequestState:
             outs.append(out)
         self.pending = False
         return RequestOutput(self.request_id, self.prompt_token_ids, outs, self.finished, self.num_cached_tokens,
-                             self.error, self.metrics, self.prompt_logprobs)
+                             self.error, self.metrics, self.prompt_logprobs, self.pooled)
 
 
 class OutputCollector:

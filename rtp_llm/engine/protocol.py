@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from rtp_llm.engine.outputs import TokenLogprob
+from rtp_llm.pooling.params import PoolingParams
 from rtp_llm.sampling.params import SamplingParams
 
 
@@ -29,6 +30,8 @@ class InputLimits:
     kv_blocks: int         # usable KV blocks: a request whose worst case needs more could never run
     block_size: int
     max_logprobs: int = 20  # the most top logprobs a request may ask (-1: no cap)
+    tasks: tuple[str, ...] = ("generate",)  # what the runner answers: generate, or pooling's embed / score / classify
+    hidden_size: int = 0    # the largest embedding a pooling request may ask (dimensions)
 
 
 @dataclass
@@ -38,6 +41,7 @@ class EngineRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     arrival: float = field(default_factory=time.monotonic)
+    pooling: Optional[PoolingParams] = None  # a pooling request (--runner pooling): its prompt only, no tokens
 
 
 # --- client -> core ---------------------------------------------------------------------------------------
@@ -79,6 +83,7 @@ class OutputDelta:
     metrics: dict
     samples: list[SampleDelta]
     prompt_logprobs: Optional[list[Optional[TokenLogprob]]] = None  # once, when complete (first token sampled)
+    pooled: Optional[list[float]] = None  # a pooling request's result, with its last delta
 
 
 @dataclass

@@ -185,7 +185,8 @@ class Scheduler:
             if len(self.running) + forks + need > self.max_num_seqs and self.running:
                 break
             tokens = np.asarray(s.all_tokens(), dtype=np.int32)
-            reuse = not (s.index == 0 and s.request.needs_prompt_logprobs)  # a cached position has no logits
+            # a cached position has no logits, nor hidden states to pool
+            reuse = not (s.index == 0 and s.request.needs_prompt_logprobs) and s.request.pooling is None
             cached = m.match_prefix(tokens) if reuse else 0
             chunk = min(s.num_tokens - cached, budget, self.prefill_chunk)
             if not m.can_allocate(tokens if reuse else tokens[:0], cached + chunk):
@@ -296,7 +297,9 @@ class Scheduler:
             start = s.num_computed_tokens
             toks = [s.token_at(i) for i in range(start, start + chunk)]
             s.num_computed_tokens += chunk
-            all_rows = s.index == 0 and s.request.needs_prompt_logprobs and start < len(s.prompt) - 1
+            req = s.request
+            all_rows = ((s.index == 0 and req.needs_prompt_logprobs and start < len(s.prompt) - 1)
+                        or req.pool_wanted == "all" or (req.pool_wanted == "first" and start == 0))
             out.scheduled.append(ScheduledSeq(s, start, toks, slots, s.num_computed_tokens == s.num_tokens, all_rows))
             return True
 

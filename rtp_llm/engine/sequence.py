@@ -111,6 +111,12 @@ class Request:
     deadline: Optional[float] = None
     announced: bool = False        # its first delta (with the prompt ids) has gone out
     prompt_logprobs: list = field(default_factory=list)  # TokenLogprob of prompt tokens 1.., computed so far
+    # A pooling request (rtp_llm/pooling/): its params, which prompt rows it reads beyond the last ("all",
+    # "first" or ""), the rows gathered so far, and its result.
+    pooling: Optional[object] = None
+    pool_wanted: str = ""
+    pool_rows: Optional[object] = None
+    pooled: Optional[list] = None
 
     @property
     def needs_prompt_logprobs(self) -> bool:

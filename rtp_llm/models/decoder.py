@@ -113,8 +113,11 @@ class DecoderLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device, self.shard, self.ops, self.tp, i)
                                     for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device, self.ops)
+        # A pooling checkpoint (rtp_llm/pooling/) has no LM head: a base model none, a classifier its `score`
+        # matrix (num_labels x hidden), applied to a pooled row in float32.
         self.head = Linear(cfg.hidden_size, vocab, False, dtype, device,
-                           tied=self.embed if cfg.tie_word_embeddings else None)
+                           tied=self.embed if cfg.tie_word_embeddings else None) if cfg.head == "lm" else None
+        self.score = parameter((cfg.num_labels, cfg.hidden_size), dtype, device) if cfg.head == "score" else None
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, min(cfg.max_position_embeddings, 4096), device)
         self.fused_layers = None  # prepare(): the op set's whole-step path, if it has one
 
@@ -126,7 +129,8 @@ class DecoderLM(nn.Module):
                 self.ops.prepare_moe(layer.mlp)
         self.ops.prepare_linears([lin for layer in self.layers for lin in layer.linears()], self.head)
         if self.embed_quantized is not None:
-            self.embed_rows = self.ops.quantized_embedding(self.embed_quantized, self.head if self.head.tied else None,
+            tied = self.head if self.head is not None and self.head.tied else None
+            self.embed_rows = self.ops.quantized_embedding(self.embed_quantized, tied,
                                                            self.embed)
         dense = not any(layer.moe for layer in self.layers)
         self.fused_layers = self.ops.fused_layers(self.layers, self.cfg) if dense else None
@@ -137,8 +141,10 @@ class DecoderLM(nn.Module):
         c = self.cfg
         h, q, kv, inter, d = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size, c.head_dim
         out = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}
-        if not c.tie_word_embeddings:
+        if c.head == "lm" and not c.tie_word_embeddings:
             out["lm_head.weight"] = (c.vocab_size, h)
+        if c.head == "score":
+            out["score.weight"] = (c.num_labels, h)
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
             out.update({
@@ -178,6 +184,8 @@ class DecoderLM(nn.Module):
         slices = self.shard.weight_slices(self.cfg)
         got: dict[str, torch.Tensor] = {}
         it = moe_weights.canonical_names(weights) if self.cfg.moe is not None else weights
+        if self.cfg.head == "none":  # a base model saved on its own (Qwen3Model...) names its tensors without "model."
+            it = ((n if n.startswith("model.") else "model." + n, t) for n, t in it)
         if progress:
             from tqdm import tqdm
             it = tqdm(it, total=len(expected), desc="Loading weights", unit="tensor")
@@ -203,13 +211,15 @@ class DecoderLM(nn.Module):
         if isinstance(embed, QuantizedWeight):
             self.embed_quantized = embed
             self.embed.data = torch.empty(0, dtype=self.dtype, device=self.embed.device)
-            if self.head.tied:
+            if self.head is not None and self.head.tied:
                 self.head.quantized = embed
         else:
             self.embed.copy_(embed)
         self.norm.weight.copy_(got["model.norm.weight"])
-        if not self.head.tied:
+        if self.head is not None and not self.head.tied:
             self._load_linear(self.head, [got["lm_head.weight"]])
+        if self.score is not None:
+            self.score.copy_(got["score.weight"])
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
             layer.input_norm.weight.copy_(got[p + "input_layernorm.weight"])
@@ -262,7 +272,7 @@ class DecoderLM(nn.Module):
         classes: dict[str, set[str]] = {}
         resident = 0
         named = [("embedding", self.embed_quantized, self.embed)]
-        if not self.head.tied:
+        if self.head is not None and not self.head.tied:
             named.append(("lm_head", self.head.quantized, self.head.weight))
         for layer in self.layers:
             named += [("attention", lin.quantized, lin.weight) for lin in (layer.qkv, layer.o)]
@@ -270,7 +280,7 @@ class DecoderLM(nn.Module):
         for cls, q, w in named:
             classes.setdefault(cls, set()).add(q.format if q is not None else str(w.dtype).replace("torch.", ""))
             resident += q.nbytes if q is not None else w.numel() * w.element_size()
-        if self.head.tied:
+        if self.head is not None and self.head.tied:
             classes["lm_head"] = {"tied to the embedding"}
         log.info("weights: %s; %.1f MB resident (linear layers and embedding)",
                  ", ".join(f"{c} {'/'.join(sorted(f))}" for c, f in classes.items()), resident / 1e6)

@@ -36,16 +36,19 @@ def find_gguf(path: str) -> str | None:
     return None
 
 
-def load_config(path: str, model_type: str | None = None) -> ModelConfig:
+def load_config(path: str, model_type: str | None = None, overrides: dict | None = None) -> ModelConfig:
+    """overrides: keys merged into config.json first (vLLM's hf_overrides)."""
     if not os.path.exists(path):
         raise MissingFileError(f"checkpoint path {path} does not exist")
     gguf_path = find_gguf(path)
+    if gguf_path and overrides:
+        raise CheckpointError("hf_overrides applies to a Hugging Face checkpoint's config.json, not to a GGUF")
     if gguf_path:
         from rtp_llm.models.gguf_reader import open_gguf
 
         f = open_gguf(gguf_path)
         return ModelConfig.from_gguf_metadata(f.metadata(), f.tensor_names, model_type)
-    return ModelConfig.from_hf_dir(path, model_type)
+    return ModelConfig.from_hf_dir(path, model_type, overrides)
 
 
 def _safetensors_files(path: str) -> list[str]:

@@ -35,7 +35,7 @@ def memory_plan(engine_config, device, block_size: int) -> tuple[int, int]:
     from rtp_llm.cache import kv_cache_blocks
     from rtp_llm.cache.kv_buffer import KVBuffer
 
-    cfg = load_config(engine_config.model, engine_config.model_type)
+    cfg = load_config(engine_config.model, engine_config.model_type, engine_config.hf_overrides)
     dtype = device.model_dtype(engine_config.dtype, stored_dtype(engine_config.model, cfg))
     h, inter, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
@@ -44,7 +44,7 @@ def memory_plan(engine_config, device, block_size: int) -> tuple[int, int]:
         moe = cfg.moe if cfg.routes(i) else None  # every expert is resident, routed to or not
         linear += 3 * h * inter if moe is None else h * (moe.num_experts * (3 * moe.intermediate_size + 1)
                                                          + 3 * moe.shared_intermediate_size + 1)
-    embed = cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
+    embed = cfg.vocab_size * h * (1 if cfg.tie_word_embeddings or cfg.head != "lm" else 2)
     item = torch.empty((), dtype=dtype).element_size()
     gguf = find_gguf(engine_config.model)
     if gguf and engine_config.quantization == "auto" and device.ops().runs_quantized("Q8_0", dtype):
@@ -60,7 +60,7 @@ def memory_plan(engine_config, device, block_size: int) -> tuple[int, int]:
 def load_engine_model(engine_config, device, tp=None, progress: bool = False) -> tuple[DecoderLM, ModelConfig]:
     """The model an engine runs: the EngineConfig's checkpoint in the dtype the device picks for it
     (Device.model_dtype: --dtype, or for auto what the device runs best), with the device's op set."""
-    cfg = load_config(engine_config.model, engine_config.model_type)
+    cfg = load_config(engine_config.model, engine_config.model_type, engine_config.hf_overrides)
     dtype = device.model_dtype(engine_config.dtype, stored_dtype(engine_config.model, cfg))
     return load_model(engine_config.model, engine_config.model_type, dtype, device.torch_device,
                       allow_pickle=engine_config.allow_pickle, progress=progress, ops=device.ops(), tp=tp, config=cfg,

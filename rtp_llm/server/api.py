@@ -11,12 +11,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 
 from rtp_llm.engine.client import EngineClient
-from rtp_llm.server import serving_native
+from rtp_llm.server import serving_native, serving_pooling
 from rtp_llm.server.http_errors import APIError, error, install_error_handlers
 from rtp_llm.server.middleware import AuthMiddleware, BodyLimitMiddleware
 from rtp_llm.server.protocol_native import DetokenizeRequest, TokenizeRequest
 from rtp_llm.server.protocol import ChatCompletionRequest, CompletionRequest
 from rtp_llm.server.protocol_base import UnknownFields
+from rtp_llm.server.protocol_pooling import EmbeddingRequest, RerankRequest, ScoreRequest
 from rtp_llm.server.serving import ChatOptions, CorsOptions, Server
 from rtp_llm.server.serving_chat import chat_text, create_chat_completion, template_variables
 from rtp_llm.server.serving_completion import create_completion
@@ -93,6 +94,21 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         return await create_completion(srv, req, request)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(req: EmbeddingRequest, request: Request):
+        return await serving_pooling.create_embedding(srv, req, request)
+
+    @app.post("/v1/score")
+    @app.post("/score")
+    async def score(req: ScoreRequest, request: Request):
+        return await serving_pooling.create_score(srv, req, request)
+
+    @app.post("/v1/rerank")
+    @app.post("/rerank")
+    @app.post("/v2/rerank")
+    async def rerank(req: RerankRequest, request: Request):
+        return await serving_pooling.create_rerank(srv, req, request)
 
     @app.post("/", openapi_extra=serving_native.OPENAPI_EXTRA)
     async def native(request: Request):

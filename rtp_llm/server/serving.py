@@ -12,6 +12,7 @@ from fastapi import Request
 from rtp_llm.engine.client import EngineClient, RequestStream
 from rtp_llm.engine.outputs import RequestOutput
 from rtp_llm.errors import EngineDeadError, RequestRejected
+from rtp_llm.pooling import PoolingParams
 from rtp_llm.sampling import SamplingParams
 from rtp_llm.server import streams as st
 from rtp_llm.server.http_errors import APIError
@@ -59,7 +60,8 @@ class Server:
         # A template that cannot show tools: requests with tools use the family's tool template (with --chat_template
         # or an explicit parser, the user decides).
         self.tool_template = None
-        if chat.tool_call_parser == "auto" and chat.chat_template is None and self.tool_parser is None:
+        if chat.tool_call_parser == "auto" and chat.chat_template is None and self.tool_parser is None \
+                and "generate" in self.processor.limits.tasks:
             found = fallback_tool_template(self.tokenizer.chat_template)
             if found is not None:
                 name, self.tool_template, self.tool_parser = found
@@ -82,14 +84,16 @@ class Server:
             raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
 
-    async def submit(self, request: Request, prompts: list, params: list[SamplingParams], rids: list[str],
-                     user: Optional[str] = None, names: Optional[dict[str, str]] = None) -> list[RequestStream]:
+    async def submit(self, request: Request, prompts: list, params: list, rids: list[str],
+                     user: Optional[str] = None, names: Optional[dict[str, str]] = None,
+                     pooling: Optional[PoolingParams] = None) -> list[RequestStream]:
         """Sends the requests and waits until each has started (or was refused: all are then closed and the
-        APIError raised). names: the route's spelling of a SamplingParams field, for errors."""
+        APIError raised). names: the route's spelling of a SamplingParams field, for errors; pooling: the pooling
+        requests' params (params then None each)."""
         streams: list[RequestStream] = []
         try:
             for prompt, p, rid in zip(prompts, params, rids):
-                streams.append(self.engine.submit(prompt, p, rid))
+                streams.append(self.engine.submit(prompt, p, rid, pooling))
         except (RequestRejected, EngineDeadError) as exc:
             for s in streams:
                 s.close()

@@ -146,6 +146,14 @@ class Tokenizer:
             ids = [self.bos_token_id] + ids
         return ids
 
+    def encode_pair(self, first: str, second: str) -> list[int]:
+        """A text pair as a cross-encoder reads it: the tokenizer's own pair template (BERT's [CLS] a [SEP] b [SEP];
+        a concatenation for byte-level BPE tokenizers without one), as transformers' tokenizer(a, b) gives it."""
+        ids = self.backend.encode(first, second, add_special_tokens=True).ids
+        if self.add_bos and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
+            ids = [self.bos_token_id] + ids
+        return ids
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

@@ -160,7 +160,7 @@ class LinearPlanner:
         linears = [lin for lin in linears if lin.quantized is None]
         # the file's blocks, repacked (16 rows interleaved per block: quant_packed.h), are the only copy:
         # quant_linear reads them (linear.cc), and so does a tied embedding's row lookup
-        for lin in quantized + ([head] if head.quantized is not None else []):
+        for lin in quantized + ([head] if head is not None and head.quantized is not None else []):
             q = lin.quantized
             # float32 runs: a gate_up's rows in gated panels' order, the SiLU in the kernel's epilogue (bf16 runs
             # round gate_up to bf16 before the activation, which the fp32 epilogue does not)
@@ -169,7 +169,7 @@ class LinearPlanner:
                 parts, order = gated_rows(q.file_blocks(), q.shape[0] // 2) if gated else (q.file_blocks(), None)
                 q.repacked(self.kernels.quant_pack(parts), order)
             lin.kernel = CpuLinear(self.kernels, q.shape[0], None, q.packed, gated=q.row_order is not None)
-        if head.quantized is not None and greedy_screen and head.weight.dtype == torch.float32 \
+        if head is not None and head.quantized is not None and greedy_screen and head.weight.dtype == torch.float32 \
                 and self.kernels.cpu_avx512_bf16():
             head.kernel.screen = self._quant_screen(head.quantized)
         onednn = [lin.weight for lin in linears if not self.on_panels(lin.weight) and self._packs_onednn(lin.weight)]
@@ -179,7 +179,7 @@ class LinearPlanner:
             lin.kernel = self._kernel(lin.weight, gated=lin.feeds_silu, keep_plain=self.keeps_plain_weights)
             if lin.kernel.plain is None:
                 lin.weight.data = torch.empty(0, dtype=lin.weight.dtype)  # the packed copy replaces it
-        if head.quantized is not None:
+        if head is None or head.quantized is not None:  # None: a pooling model without an LM head
             return
         w = head.weight
         kernel = self._kernel(w, gated=False, keep_plain=True)

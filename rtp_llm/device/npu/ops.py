@@ -53,7 +53,7 @@ class NpuOps(TorchOps):
     def prepare_linears(self, linears, head) -> None:
         super().prepare_linears(linears, head)
         kept, dense = [], []
-        for lin in [lin for lin in list(linears) + [head] if lin.quantized is not None]:
+        for lin in [lin for lin in list(linears) + [head] if lin is not None and lin.quantized is not None]:
             try:  # a head tied to the embedding stays int8: the embedding's row lookups read the same tensors
                 lin.kernel = self._quant_kernel(lin.quantized, lin.weight, pack_int4=not (lin is head and head.tied))
                 kept.append(lin)
