@@ -1,6 +1,7 @@
 """PoolerConfig: how a model pools its hidden states, as the checkpoint defines it: sentence-transformers'
 modules.json and 1_Pooling/config.json where present (mean, CLS or last token; a Normalize module), else vLLM's
-defaults for decoders (last token; normalised for a base model, raw for a classifier). --pooler_config overrides."""
+default for decoders (last token, normalised embeddings; a classifier's scores are never normalised).
+--pooler_config overrides."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ class PoolerConfig:
     @classmethod
     def for_model(cls, path: Optional[str], head: str, override: Union[str, dict, None] = None) -> "PoolerConfig":
         base = cls._sentence_transformers(path) if path and os.path.isdir(path) else None
-        if base is None:
-            base = cls("LAST", head == "none")
+        if base is None:  # vLLM's default for an embedding from a decoder (a base model or a converted LM)
+            base = cls("LAST", True)
         if override is None:
             return base
         fields = json.loads(override) if isinstance(override, str) else dict(override)
