@@ -11,13 +11,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 
 from rtp_llm.engine.client import EngineClient
-from rtp_llm.server import serving_native, serving_pooling
+from rtp_llm.server import serving_native, serving_pooling, serving_responses
 from rtp_llm.server.http_errors import APIError, error, install_error_handlers
 from rtp_llm.server.middleware import AuthMiddleware, BodyLimitMiddleware
 from rtp_llm.server.protocol_native import DetokenizeRequest, TokenizeRequest
 from rtp_llm.server.protocol import ChatCompletionRequest, CompletionRequest
 from rtp_llm.server.protocol_base import UnknownFields
 from rtp_llm.server.protocol_pooling import EmbeddingRequest, RerankRequest, ScoreRequest
+from rtp_llm.server.protocol_responses import ResponsesRequest
 from rtp_llm.server.serving import ChatOptions, CorsOptions, Server
 from rtp_llm.server.serving_chat import chat_text, create_chat_completion, template_variables
 from rtp_llm.server.serving_completion import create_completion
@@ -94,6 +95,18 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         return await create_completion(srv, req, request)
+
+    @app.post("/v1/responses")
+    async def responses(req: ResponsesRequest, request: Request):
+        return await serving_responses.create_response(srv, req, request)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str):
+        return serving_responses.get_response(srv, response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        return serving_responses.delete_response(srv, response_id)
 
     @app.post("/v1/embeddings")
     async def embeddings(req: EmbeddingRequest, request: Request):

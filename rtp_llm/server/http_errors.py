@@ -17,8 +17,8 @@ from rtp_llm.server.protocol_base import BadText, FieldRule, error_body
 log = logging.getLogger("rtp_llm.server")
 
 _OPENAI_ROUTE_ENDS = {"completions", "models", "embeddings", "responses"}
-ROUTES = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, POST /v1/score, POST /v1/rerank, "
-          "GET /v1/models, POST /, POST /tokenize, POST /detokenize, GET /health, GET /metrics")
+ROUTES = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, POST /v1/embeddings, POST /v1/score, "
+          "POST /v1/rerank, GET /v1/models, POST /, POST /tokenize, POST /detokenize, GET /health, GET /metrics")
 
 
 class ClientGone(Exception):

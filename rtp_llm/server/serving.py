@@ -17,6 +17,7 @@ from rtp_llm.sampling import SamplingParams
 from rtp_llm.server import streams as st
 from rtp_llm.server.http_errors import APIError
 from rtp_llm.server.metrics import Metrics
+from rtp_llm.server.response_store import ResponseStore
 from rtp_llm.tokenizer.reasoning_parser import THINK_END, ReasoningParser
 from rtp_llm.tokenizer.tool_parsers import detect_tool_parser, fallback_tool_template, make_tool_parser
 
@@ -78,6 +79,7 @@ class Server:
                               if self.reasoning_parser else [])
         self.metrics = Metrics(engine, served_model_name)
         self.users: dict[str, str] = {}  # request id -> the request's `user`, until it finishes or is closed
+        self.responses = ResponseStore()  # /v1/responses with store=true
 
     def check_model(self, name: Optional[str]) -> None:
         if name is not None and name != self.model_name:

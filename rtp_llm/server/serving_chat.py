@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from fastapi import Request
@@ -13,6 +14,7 @@ from fastapi.responses import StreamingResponse
 
 from rtp_llm.engine.client import RequestStream
 from rtp_llm.errors import ChatTemplateError
+from rtp_llm.sampling import SamplingParams
 from rtp_llm.sampling.grammar import JSON_WHITESPACE
 from rtp_llm.sampling.structured_outputs import strict_schema
 from rtp_llm.server import openai_format as fmt
@@ -25,8 +27,18 @@ from rtp_llm.tokenizer.reasoning_parser import THINK_END, THINK_START
 from rtp_llm.tokenizer.tool_parsers import BareJsonCalls, ForcedCallParser, forced_calls_schema, make_tool_parser
 
 
-async def create_chat_completion(srv: Server, req: ChatCompletionRequest, request: Request):
-    srv.check_model(req.model)
+@dataclass
+class ChatPlan:
+    """A chat request made ready to run: its prompt ids, sampling parameters, the parser factory of its answer (one
+    parser per choice) and the request's spelling of the fields an engine refusal names. /v1/responses runs the
+    same plan."""
+    ids: list[int]
+    params: SamplingParams
+    make_parser: Callable[[], ChatOutputParser]
+    names: dict
+
+
+def plan_chat(srv: Server, req: ChatCompletionRequest) -> ChatPlan:
     choice = req.effective_tool_choice()
     if choice == "auto" and srv.tool_parser is None:
         raise APIError(400, "tool_choice auto needs a tool call parser: start the server with --tool_call_parser "
@@ -43,16 +55,21 @@ async def create_chat_completion(srv: Server, req: ChatCompletionRequest, reques
     closed = _reasoning_closed(text)
     if params.structured_outputs is not None and srv.reasoning_parser and not closed:
         params.structured_outputs.after_token_ids = tuple(srv.think_end_ids)  # constrain the answer only
-    parser = _parser_factory(srv, req, choice, closed)
-    rid = f"chatcmpl-{uuid.uuid4().hex}"
     names = {"logprobs": "top_logprobs", "structured_outputs": field or req.structured()[1] or "structured_outputs"}
-    [stream] = await srv.submit(request, [ids], [params], [rid], req.user, names)
+    return ChatPlan(ids, params, _parser_factory(srv, req, choice, closed), names)
+
+
+async def create_chat_completion(srv: Server, req: ChatCompletionRequest, request: Request):
+    srv.check_model(req.model)
+    plan = plan_chat(srv, req)
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    [stream] = await srv.submit(request, [plan.ids], [plan.params], [rid], req.user, plan.names)
     created = int(time.time())
     if req.stream:
-        return StreamingResponse(srv.watched(_chat_stream(srv, stream, rid, created, req, parser, len(ids)),
-                                             [stream]), media_type="text/event-stream")
+        return StreamingResponse(srv.watched(_chat_stream(srv, stream, rid, created, req, plan.make_parser,
+                                                          len(plan.ids)), [stream]), media_type="text/event-stream")
     out = (await srv.collect(request, [stream]))[0]
-    return fmt.chat_response(srv, out, rid, created, parser, req)
+    return fmt.chat_response(srv, out, rid, created, plan.make_parser, req)
 
 
 def chat_text(srv: Server, messages, add_generation_prompt: bool, variables: Optional[dict] = None) -> str:

@@ -69,11 +69,23 @@ def test_llama3_json_calls_and_content(text, want, pieces):
     assert run(Llama3JsonParser(), text, pieces) == want
 
 
-def test_forced_calls():
-    assert run(ForcedCallParser("f"), '{"a": [1, {"b": null}]}', 4) == [("call", ToolCall("f", '{"a": [1, {"b": null}]}'))]
-    assert run(ForcedCallParser(), '[{"name": "f", "parameters": {"a": 1}}, {"name": "g", "parameters": {}}]', 6) == \
-        [call("f", a=1), call("g")]
-    assert run(ForcedCallParser("f"), '{"a": [1, ', 2) == [("content", '{"a": [1, ')]  # cut by max_tokens
+REQUIRED = '[{"name": "f", "parameters": {"a": "x}{\\"", "b": [1, {"c": {}}]}}, {"name": "g", "parameters": {}}]'
+
+
+@pytest.mark.parametrize("pieces", [0, 4, 9, 1000])
+def test_forced_calls_stream_name_first_then_argument_pieces(pieces):
+    assert run(ForcedCallParser("f"), '{"a": [1, {"b": null}]}', pieces) == \
+        [("call_head", "f"), ("call_args", '{"a": [1, {"b": null}]}')]
+    assert run(ForcedCallParser(), REQUIRED, pieces) == [
+        ("call_head", "f"), ("call_args", '{"a": "x}{\\"", "b": [1, {"c": {}}]}'), ("call_head", "g"),
+        ("call_args", "{}")]
+
+
+def test_forced_calls_cut_by_max_tokens_are_still_calls():
+    assert run(ForcedCallParser("f"), '{"a": [1, ', 2) == [("call_head", "f"), ("call_args", '{"a": [1, ')]
+    args = REQUIRED.index('{"a"')
+    assert run(ForcedCallParser(), REQUIRED[:60], 3) == [("call_head", "f"), ("call_args", REQUIRED[args:60])]
+    assert run(ForcedCallParser(), '[{"name": "f', 3) == [("content", '[{"name": "f')]  # no name yet: no call
 
 
 REASONING = [
