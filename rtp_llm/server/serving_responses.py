@@ -123,7 +123,9 @@ def response_body(srv: Server, req: ResponsesRequest, rid: str, created: int, ou
 def _usage(srv: Server, out, reasoning: str) -> dict:
     n_in, n_out = len(out.prompt_token_ids), out.num_output_tokens
     thought = len(srv.tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
-    return {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": out.num_cached_tokens},
+    # cache_write_tokens: the prompt tokens computed here (not read from the prefix cache)
+    return {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": out.num_cached_tokens,
+                                                           "cache_write_tokens": n_in - out.num_cached_tokens},
             "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": min(thought, n_out)},
             "total_tokens": n_in + n_out}
 

@@ -3,6 +3,7 @@ pydantic-ai, vLLM's own clients), each as the request body that library sends, a
 default model (its own template cannot show tools) and a tiny random model with a Hermes tool template."""
 
 import json
+import os
 
 import httpx
 import jsonschema
@@ -242,3 +243,65 @@ def test_unknown_fields_flag_ignores_them_with_one_warning(lenient_server):
         r = post(lenient_server, "/v1/chat/completions", body)
         assert r.status_code == 200, r.text
     assert lenient_server.output().count("unknown request field 'vendor_field'") == 1
+
+
+# --- the bodies real libraries send (recorded by client_bodies/record.py from the libraries themselves) -------------
+BODIES = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "client_bodies", "bodies.json")))
+
+
+def _sse_events(srv, path, body):
+    with httpx.stream("POST", srv.url + path, json=body, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+
+
+def _text_format(body):
+    """The JSON schema a text answer must follow, as the body asked (chat's response_format or Responses' text)."""
+    rf = body.get("response_format") or {}
+    if rf.get("type") == "json_schema":
+        return rf["json_schema"]["schema"]
+    fmt = (body.get("text") or {}).get("format") or {}
+    return fmt.get("schema")
+
+
+@pytest.mark.parametrize("recorded", BODIES, ids=[b["use"] for b in BODIES])
+def test_what_each_library_sends_gets_what_it_reads(tools_server, recorded):
+    from openai.types.chat import ChatCompletion
+    from openai.types.responses import Response
+
+    body, path = {**recorded["body"], "model": "tiny", "max_tokens": 300}, recorded["path"]
+    if path.endswith("/responses"):
+        body["max_output_tokens"] = body.pop("max_tokens")
+    tool_schemas = {(t.get("function") or t)["name"]: (t.get("function") or t)["parameters"]
+                    for t in body.get("tools", [])}
+    if body.get("stream"):  # instructor's partial objects: the forced call's arguments arrive in pieces
+        events = _sse_events(tools_server, path, body)
+        pieces = [tc["function"]["arguments"] for e in events for c in e["choices"]
+                  for tc in c["delta"].get("tool_calls") or [] if tc.get("function", {}).get("arguments")]
+        assert len(pieces) >= 2
+        name = body["tool_choice"]["function"]["name"]
+        finish = [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]]
+        if finish == ["tool_calls"]:
+            jsonschema.validate(json.loads("".join(pieces)), tool_schemas[name])
+        return
+    r = httpx.post(tools_server.url + path, json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    schema = _text_format(body)
+    if path.endswith("/responses"):
+        resp = Response.model_validate(r.json())  # what the Agents SDK parses
+        calls = [o for o in resp.output if o.type == "function_call"]
+        text = resp.output_text
+        call_args = [(c.name, c.arguments) for c in calls]
+        cut = resp.status == "incomplete"
+    else:
+        choice = ChatCompletion.model_validate(r.json()).choices[0]
+        text = choice.message.content
+        call_args = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+        cut = choice.finish_reason == "length"
+    if isinstance(body.get("tool_choice"), dict):  # instructor: the named call, always
+        assert [n for n, _ in call_args] == [body["tool_choice"]["function"]["name"]]
+    for name, args in call_args:
+        if not cut:
+            jsonschema.validate(json.loads(args), tool_schemas[name])
+    if not call_args and schema is not None and not cut:
+        jsonschema.validate(json.loads(text), schema)  # the answer in the format, with tools offered or not

@@ -147,3 +147,10 @@ def test_user_is_recorded_with_the_request(client, server):
     assert "user=" not in line
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=SERVED_NAME, messages=CONV, max_tokens=2, user="u" * 300)
+
+
+def test_a_generating_server_refuses_pooling_routes(server):
+    for path, body in (("/v1/embeddings", {"input": "hi"}), ("/v1/score", {"text_1": "a", "text_2": "b"}),
+                       ("/v1/rerank", {"query": "a", "documents": ["b"]})):
+        r = httpx.post(server.url + path, json=body, timeout=60)
+        assert r.status_code == 400 and "--runner pooling" in r.json()["error"]["message"], r.text

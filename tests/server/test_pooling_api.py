@@ -102,11 +102,6 @@ def test_a_pooling_server_refuses_generation_and_scores(embedder):
     assert r.status_code == 400 and "cross-encoder" in r.json()["error"]["message"]
 
 
-def test_a_generating_server_refuses_embeddings(server):
-    r = httpx.post(server.url + "/v1/embeddings", json={"input": "hi"})
-    assert r.status_code == 400 and "--runner pooling" in r.json()["error"]["message"]
-
-
 def _score_ref(model, q, d):
     from transformers import PreTrainedTokenizerFast
 

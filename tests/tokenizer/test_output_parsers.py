@@ -157,3 +157,22 @@ def test_a_template_that_fails_on_the_messages_is_a_chat_template_error():
 
     with pytest.raises(ChatTemplateError, match="TypeError"):
         render("{% for m in messages %}{{ '<' + m['content'] }}{% endfor %}", [{"role": "user", "content": None}])
+
+
+# Real answers to "What is the weather like in Paris today?" with a get_weather tool and tool_choice auto, greedy,
+# recorded with rtp-llm on the installable models (the Qwen2.5-Coder GGUF of benchmarks/peers/setup_qwen_coder.sh
+# through its own Hermes template; SmolLM2 through rtp-llm's ChatML tool template).
+QWEN_CODER_0_5B = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
+SMOLLM2_135M = ("The weather in Paris today is quite unusual. The city is known for its extreme weather conditions, "
+                "with a high of 28.3\u00b0C (83.7\u00b0F) and a low of 18.4\u00b0C (64.9\u00b0F).")
+
+
+@pytest.mark.parametrize("pieces", [0, 3, 17, 1000])
+def test_real_models_answers_parse_as_the_model_meant(pieces):
+    from rtp_llm.tokenizer.tool_parsers import BareJsonCalls
+
+    got = run(BareJsonCalls(HermesParser(), ["get_weather"]), QWEN_CODER_0_5B, pieces)
+    assert got == [("call", ToolCall("get_weather", json.dumps({"city": "Paris", "unit": "celsius"})))]
+    assert run(BareJsonCalls(HermesParser(), ["get_weather"]), SMOLLM2_135M, pieces) == [("content", SMOLLM2_135M)]
+    # a JSON answer naming no declared tool is the model's content, whole
+    assert run(BareJsonCalls(HermesParser(), ["get_time"]), QWEN_CODER_0_5B, pieces) == [("content", QWEN_CODER_0_5B)]
