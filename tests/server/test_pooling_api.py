@@ -3,6 +3,7 @@ random pooling checkpoints, checked against transformers: every input form and o
 paths, and the refusals (generation on a pooling server, pooling on a generating one)."""
 
 import base64
+import functools
 import struct
 
 import httpx
@@ -41,10 +42,15 @@ def reranker(tmp_path_factory):
     assert srv.stop() == 0
 
 
-def _tokens(text):
+@functools.lru_cache(maxsize=1)
+def _tokenizer():
     from rtp_llm.tokenizer.tokenizer import Tokenizer
 
-    return Tokenizer.load(default_model_path()).encode(text)
+    return Tokenizer.load(default_model_path())
+
+
+def _tokens(text):
+    return _tokenizer().encode(text)
 
 
 def _reference(model, ids):
@@ -105,9 +111,7 @@ def test_a_pooling_server_refuses_generation_and_scores(embedder):
 def _score_ref(model, q, d):
     from transformers import PreTrainedTokenizerFast
 
-    from rtp_llm.tokenizer.tokenizer import Tokenizer
-
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.load(default_model_path()).backend)
+    tok = PreTrainedTokenizerFast(tokenizer_object=_tokenizer().backend)
     with torch.no_grad():
         return torch.sigmoid(model(torch.tensor([tok(q, d)["input_ids"]])).logits[0, 0]).item()
 
