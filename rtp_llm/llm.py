@@ -17,6 +17,7 @@ from typing import Any, Optional, Sequence, Union
 from rtp_llm.config.engine_config import EngineConfig
 from rtp_llm.engine.core import EngineCore
 from rtp_llm.engine.outputs import OutputCollector, RequestOutput
+from rtp_llm.lora import LoRARequest
 from rtp_llm.pooling import PoolingParams
 from rtp_llm.sampling import SamplingParams
 
@@ -48,15 +49,20 @@ class LLM:
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
                  params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """Runs every prompt to completion; outputs come back in the order of the prompts."""
+                 use_tqdm: bool = True,
+                 lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None] = None) -> list[RequestOutput]:
+        """Runs every prompt to completion; outputs come back in the order of the prompts. lora_request: one
+        adapter for all (LLM(..., enable_lora=True)), or one per prompt (None: the base model)."""
         prompts = _many(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
-        return self._run([self.processor.process(f"offline-{next(self._ids)}", prompt, p)
-                          for prompt, p in zip(prompts, params)], use_tqdm, "Generating")
+        loras = lora_request if isinstance(lora_request, (list, tuple)) else [lora_request] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(loras)} lora requests")
+        return self._run([self.processor.process(f"offline-{next(self._ids)}", prompt, p, lora=lora)
+                          for prompt, p, lora in zip(prompts, params, loras)], use_tqdm, "Generating")
 
     def embed(self, prompts: Union[Prompt, Sequence[Prompt]], pooling_params: Optional[PoolingParams] = None,
               use_tqdm: bool = True) -> list[list[float]]:

@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rtp_llm.models.default_model import SERVED_NAME
     from rtp_llm.server.api import ChatOptions, CorsOptions, create_app
+    from rtp_llm.server.serving_lora import LoRAOptions
 
     name = args["served_model_name"] or (
         SERVED_NAME if config.model is None else os.path.basename(os.path.normpath(config.model)))
@@ -77,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
                                               args["strict_json_schemas"]),
                      cors=CorsOptions(args["allowed_origins"] or [], args["allowed_methods"], args["allowed_headers"],
                                       args["allow_credentials"]),
-                     stream_stall_timeout=args["stream_stall_timeout"], unknown_fields=args["unknown_fields"])
+                     stream_stall_timeout=args["stream_stall_timeout"], unknown_fields=args["unknown_fields"],
+                     lora=LoRAOptions(config.enable_lora, config.lora_modules or {}, config.max_lora_rank,
+                                      args["allow_runtime_lora_updating"], config.model, config.model_type,
+                                      config.hf_overrides))
 
     log.info("serving %s as %r on http://%s:%d (device %s, engine process pid %d)", engine.model_path, name,
              args["host"], args["port"], device, engine.pid)

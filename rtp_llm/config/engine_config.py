@@ -42,6 +42,13 @@ class EngineConfig:
     runner: str = "auto"
     pooler_config: Optional[Union[str, dict]] = None  # vLLM's: {"pooling_type": "MEAN", "normalize": true}
     hf_overrides: Optional[Union[str, dict]] = None   # vLLM's: keys merged into the checkpoint's config.json
+    # LoRA adapters (rtp_llm/lora/, vLLM's flags): resident at once (a step holds at most this many), the largest
+    # rank, kept on the host (default max_loras), and adapters loaded at start {name: path}.
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: Optional[int] = None
+    lora_modules: Optional[dict] = None
     # Settings only one device reads, by name (e.g. "cpu_gemv_weights"); that device validates them.
     device_options: dict[str, str] = field(default_factory=dict)
 
@@ -61,6 +68,9 @@ class EngineConfig:
             ("tp_heartbeat_timeout_s", self.tp_heartbeat_timeout_s > 0),
             ("quantization", self.quantization in ("auto", "none", "int8")),
             ("runner", self.runner in ("auto", "generate", "pooling", "embed", "score", "classify")),
+            ("max_loras", self.max_loras >= 1),
+            ("max_lora_rank", self.max_lora_rank >= 1),
+            ("max_cpu_loras", self.max_cpu_loras is None or self.max_cpu_loras >= 1),
         ]
         for name, ok in checks:
             if not ok:

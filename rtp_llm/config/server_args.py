@@ -52,6 +52,28 @@ def _opt_float(v: str) -> Optional[float]:
     return None if str(v).lower() in ("", "none", "auto") else float(v)
 
 
+def _lora_modules(v: str) -> Optional[dict]:
+    """vLLM's --lora_modules: name=path items (comma-separated), or a JSON list of {"name", "path",
+    "base_model_name"} objects -> {name: path}."""
+    import json
+
+    s = str(v).strip()
+    if not s or s.lower() == "none":
+        return None
+    items = json.loads(s) if s.startswith("[") else [x.strip() for x in s.split(",") if x.strip()]
+    out: dict = {}
+    for item in items:
+        if isinstance(item, dict):
+            name, path = item.get("name"), item.get("path")
+        else:
+            name, _, path = str(item).partition("=")
+        if not name or not path or name in out:
+            raise ValueError(f"expected name=path items (or JSON objects with name and path), each name once: "
+                             f"{item!r}")
+        out[name] = path
+    return out
+
+
 def _speculative(v: str) -> Optional[str]:
     """vLLM's --speculative_config JSON, checked here so a bad one is a one-line error naming the flag."""
     from rtp_llm.config.speculative_config import SpeculativeConfig
@@ -120,6 +142,13 @@ FLAGS = [
                  "speculative decoding, vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
                  "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 5} or {\"method\": \"draft_model\", \"model\": "
                  "PATH, \"num_speculative_tokens\": 4}; outputs are the same bits as without it (docs/speculative.md)"),
+    _engine_flag("enable_lora", "ENABLE_LORA", _bool, "serve LoRA adapters beside the base model (docs/lora.md)"),
+    _engine_flag("lora_modules", "LORA_MODULES", _lora_modules,
+                 "adapters loaded at start: name=path,... or vLLM's JSON [{\"name\", \"path\"}]; a request's "
+                 "`model` picks one by name"),
+    _engine_flag("max_loras", "MAX_LORAS", int, "adapters resident at once (a step holds at most this many)"),
+    _engine_flag("max_lora_rank", "MAX_LORA_RANK", int, "the largest adapter rank accepted"),
+    _engine_flag("max_cpu_loras", "MAX_CPU_LORAS", _opt_int, "adapters kept loaded on the host (default max_loras)"),
     _engine_flag("runner", "RUNNER", str,
                  "what the model runs for: generate (chat and completions), pooling (embeddings, score, rerank: "
                  "docs/pooling.md); auto = pooling for a checkpoint without an LM head (*Model, "
@@ -163,6 +192,8 @@ FLAGS = [
     Flag("reasoning_parser", "REASONING_PARSER", _opt_str, None,
          "split <think>...</think> into reasoning_content: qwen3 (the answer may open <think>), deepseek_r1 (the "
          "template opens it); none = no split", choices=("qwen3", "deepseek_r1")),
+    Flag("allow_runtime_lora_updating", "VLLM_ALLOW_RUNTIME_LORA_UPDATING", _bool, False,
+         "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's switch, same environment variable)"),
     Flag("unknown_fields", "UNKNOWN_FIELDS", str, "reject",
          "a request field this server does not know: reject = a 400 naming it (OpenAI's behaviour), ignore = warn "
          "once per field and go on (vLLM's reading, for clients that add vendor fields)",

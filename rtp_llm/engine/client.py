@@ -26,8 +26,9 @@ from rtp_llm.engine.core_loop import ThreadTransport, run, run_engine_process
 from rtp_llm.engine.input_processor import InputProcessor
 from rtp_llm.engine.outputs import RequestOutput, RequestState
 from rtp_llm.engine.protocol import (AbortRequest, AddRequest, CoreDied, Rejected, Shutdown, StartupFailed,
-                                     StatsUpdate, StepOutputs, WorkerFailed)
+                                     StatsUpdate, StepOutputs, UnloadLoRA, WorkerFailed)
 from rtp_llm.errors import EngineDeadError, RequestRejected, TPWorkerError
+from rtp_llm.lora.adapter import LoRARequest
 from rtp_llm.pooling import PoolingParams
 from rtp_llm.sampling import SamplingParams
 
@@ -114,7 +115,8 @@ class EngineClient:
 
     # --- the asyncio side --------------------------------------------------------------------------------------
     def submit(self, prompt: Union[str, Sequence[int]], params: Optional[SamplingParams],
-               request_id: Optional[str] = None, pooling: Optional[PoolingParams] = None) -> "RequestStream":
+               request_id: Optional[str] = None, pooling: Optional[PoolingParams] = None,
+               lora: Optional[LoRARequest] = None) -> "RequestStream":
         """Validates and sends a request; returns its stream at once (no round trip to the core). Raises
         RequestRejected (a bad request) or EngineDeadError; what only the core can refuse (a full queue, an id in
         use) ends the stream with that error, before any output (RequestStream.wait_started)."""
@@ -125,7 +127,7 @@ class EngineClient:
         rid = request_id or uuid.uuid4().hex
         if rid in self._streams:  # this client routes outputs by id: one open stream per id
             raise RequestRejected(f"request id {rid!r} is already in use")
-        request = self.processor.process(rid, prompt, params, pooling=pooling)
+        request = self.processor.process(rid, prompt, params, pooling=pooling, lora=lora)
         stream = self._streams[rid] = RequestStream(self, rid, asyncio.get_running_loop())
         self._send(AddRequest(request))
         if self.dead is not None:  # died while sending: fail() may have run before the stream was registered
@@ -137,6 +139,11 @@ class EngineClient:
         async with self.submit(prompt, params, request_id) as stream:
             async for out in stream:
                 yield out
+
+    def unload_lora(self, name: str) -> None:
+        """The engine forgets the adapter once its running requests are done."""
+        if self.dead is None:
+            self._send(UnloadLoRA(name))
 
     def abort(self, request_id: str) -> None:
         if self.dead is None:

@@ -31,6 +31,7 @@ from rtp_llm.engine.protocol import EngineRequest, InputLimits, OutputDelta
 from rtp_llm.engine.scheduler import Scheduler, SchedulerOutput
 from rtp_llm.engine.sequence import FinishReason, Request, Sequence, SeqState
 from rtp_llm.errors import QueueFullError, RequestRejected, TPWorkerError
+from rtp_llm.lora import LoRAManager
 from rtp_llm.models.default_model import with_default_model
 from rtp_llm.models.gguf_reader import shared_gguf_files
 from rtp_llm.sampling.grammar import GrammarCompiler
@@ -101,7 +102,8 @@ class EngineCore:
             mc.head != "lm" or mc.classifier_from_token is not None))
         # a pooling request reads every position it pools from its own prefill: nothing to cache for later
         self.scheduler = Scheduler(num_blocks, self.block_size, config.enable_prefix_caching and not self.pooling,
-                                   config.max_num_seqs, config.max_num_batched_tokens, config.prefill_chunk)
+                                   config.max_num_seqs, config.max_num_batched_tokens, config.prefill_chunk,
+                                   config.max_loras)
         self.eos_ids = frozenset(mc.eos_token_ids) | (
             frozenset() if self.tokenizer.eos_token_id is None else {self.tokenizer.eos_token_id})
         self.grammars = GrammarCompiler(self.tokenizer, mc.vocab_size, self.eos_ids)
@@ -115,6 +117,7 @@ class EngineCore:
                 raise ValueError("--runner pooling runs on one rank without speculative decoding (tp_size 1, no "
                                  "speculative_config)")
             self.runner.pooler = Pooler.for_engine(model, config.model, self.tokenizer, config.pooler_config)
+        self.lora = self.runner.lora = LoRAManager.for_engine(config, model, self.pooling)
         self.speculator = self._speculator(config)
         self.requests: dict[str, Request] = {}
         self._rng = random.Random(config.seed)
@@ -190,6 +193,11 @@ class EngineCore:
         for i in range(params.n):
             req.sequences.append(Sequence(next(self._seq_ids), req, i, base_seed + i,
                                           IncrementalDetokenizer(self.tokenizer, params.stop)))
+        if request.lora is not None:  # before the request is registered: a refused adapter leaves nothing behind
+            if self.lora is None:
+                raise RequestRejected(f"LoRA adapter {request.lora.lora_name!r}: this engine runs without "
+                                      f"--enable_lora", param="model")
+            req.lora_id = self.lora.admit(request.lora)
         self.requests[rid] = req
         if request.pooling is not None:
             req.pooling, req.pool_wanted = request.pooling, self.runner.pooler.rows_wanted()
@@ -201,6 +209,10 @@ class EngineCore:
             self._compiling[rid] = self._grammar_pool.submit(self.grammars.check, so)
             return
         self._admit(req)
+
+    def unload_lora(self, name: str) -> None:
+        if self.lora is not None:
+            self.lora.retire(name, {r.lora_id for r in self.requests.values()})
 
     def _admit(self, req: Request) -> None:
         so = req.params.structured_outputs
@@ -381,6 +393,8 @@ class EngineCore:
     def _retire(self, req: Request) -> None:
         if self.requests.pop(req.request_id, None) is not None:
             self.counters["requests_finished"] += 1
+        if self.lora is not None and self.lora.retiring:
+            self.lora.sweep({r.lora_id for r in self.requests.values()})
 
     # --- introspection -----------------------------------------------------------------------------------------
     def stats(self) -> dict:

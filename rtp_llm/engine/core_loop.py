@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 from rtp_llm.engine.child_process import become_child
 from rtp_llm.engine.protocol import (AbortRequest, AddRequest, CoreDied, Rejected, Ready, Shutdown, StartupFailed,
-                                     StatsUpdate, StepOutputs, WorkerFailed)
+                                     StatsUpdate, StepOutputs, UnloadLoRA, WorkerFailed)
 
 log = logging.getLogger("rtp_llm.engine.core_loop")
 
@@ -88,6 +88,8 @@ def _apply(core, msg, transport) -> None:
             transport.send(Rejected(msg.request.request_id, picklable(exc)))
     elif isinstance(msg, AbortRequest):
         core.abort(msg.request_id)
+    elif isinstance(msg, UnloadLoRA):
+        core.unload_lora(msg.name)
     else:
         raise TypeError(f"unexpected message for the engine core: {type(msg).__name__}")
 

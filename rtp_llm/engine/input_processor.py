@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence, Union
 
 from rtp_llm.engine.protocol import EngineRequest, InputLimits
 from rtp_llm.errors import RequestRejected
+from rtp_llm.lora.adapter import LoRARequest
 from rtp_llm.pooling.params import PoolingParams
 from rtp_llm.sampling.grammar import GrammarCompiler
 from rtp_llm.sampling.params import SamplingParams
@@ -69,8 +70,10 @@ class InputProcessor:
         return out
 
     def process(self, request_id: str, prompt: Prompt, params: Optional[SamplingParams] = None,
-                arrival: Optional[float] = None, pooling: Optional[PoolingParams] = None) -> EngineRequest:
-        """pooling: a pooling request (embed / score / classify), which reads its prompt and generates nothing."""
+                arrival: Optional[float] = None, pooling: Optional[PoolingParams] = None,
+                lora: Optional[LoRARequest] = None) -> EngineRequest:
+        """pooling: a pooling request (embed / score / classify), which reads its prompt and generates nothing;
+        lora: the adapter to run with (the engine loads it, or refuses it, when the request arrives)."""
         ids = self.encode(prompt)
         if not ids:
             raise RequestRejected("the prompt is empty")
@@ -119,7 +122,8 @@ class InputProcessor:
         if worst > pool:
             raise RequestRejected(f"the request needs up to {worst} KV blocks but the pool has {pool}; lower "
                                   f"max_tokens or n")
-        return EngineRequest(request_id, ids, params, arrival if arrival is not None else time.monotonic())
+        return EngineRequest(request_id, ids, params, arrival if arrival is not None else time.monotonic(),
+                             lora=lora)
 
     def _pooling(self, request_id: str, ids: list[int], pooling: PoolingParams,
                  arrival: Optional[float]) -> EngineRequest:

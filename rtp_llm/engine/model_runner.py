@@ -56,6 +56,7 @@ class ModelRunner:
                                                         block_size)
         self.sampler = Sampler(model.ops)
         self.pooler = None  # --runner pooling: rtp_llm/pooling/Pooler, set by the core
+        self.lora = None    # --enable_lora: rtp_llm/lora/LoRAManager, set by the core
 
 
     # --- the step ----------------------------------------------------------------------------------------------
@@ -63,6 +64,27 @@ class ModelRunner:
         items = sched.scheduled
         tokens, starts, slots = [x.tokens for x in items], [x.start for x in items], [x.slots for x in items]
         need = [x.need_logits for x in items]
+        if self.lora is not None:
+            self.lora.set_step(self._lora_rows(items))
+        try:
+            return self._execute(sched, tokens, starts, slots, need)
+        finally:
+            if self.lora is not None:
+                self.lora.clear_step()
+
+    @staticmethod
+    def _lora_rows(items) -> dict[int, list[int]]:
+        """LoRA adapter id -> the step's flat-batch rows of its sequences."""
+        rows: dict[int, list[int]] = {}
+        offset = 0
+        for x in items:
+            lora = x.seq.request.lora_id
+            if lora:
+                rows.setdefault(lora, []).extend(range(offset, offset + len(x.tokens)))
+            offset += len(x.tokens)
+        return rows
+
+    def _execute(self, sched: SchedulerOutput, tokens, starts, slots, need) -> RunnerOutput:
         if self.pooler is not None:
             return self._pool(ForwardBatch.build(tokens, starts, slots, sched.block_table, self.block_size, need,
                                                  self.device), sched)

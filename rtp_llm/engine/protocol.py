@@ -1,7 +1,7 @@
 """The typed messages between an EngineClient and the EngineCore it drives (engine/core_loop.py carries them,
 in a thread or over a pipe to the engine process), and the EngineRequest the input processor makes.
 
-client -> core:  AddRequest | AbortRequest | Shutdown
+client -> core:  AddRequest | AbortRequest | UnloadLoRA | Shutdown
 core -> client:  Ready | StartupFailed                once, at start-up
                  Rejected                             an AddRequest the core refused (queue full, id in use);
                                                       an accepted one gets no answer but its outputs
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from rtp_llm.engine.outputs import TokenLogprob
+from rtp_llm.lora.adapter import LoRARequest
 from rtp_llm.pooling.params import PoolingParams
 from rtp_llm.sampling.params import SamplingParams
 
@@ -42,6 +43,7 @@ class EngineRequest:
     params: SamplingParams
     arrival: float = field(default_factory=time.monotonic)
     pooling: Optional[PoolingParams] = None  # a pooling request (--runner pooling): its prompt only, no tokens
+    lora: Optional[LoRARequest] = None       # the adapter it runs with (--enable_lora); None: the base model
 
 
 # --- client -> core ---------------------------------------------------------------------------------------
@@ -53,6 +55,12 @@ class AddRequest:
 @dataclass
 class AbortRequest:
     request_id: str
+
+
+@dataclass
+class UnloadLoRA:
+    """Forget a LoRA adapter once no request uses it (the server no longer routes requests to it)."""
+    name: str
 
 
 @dataclass

@@ -71,8 +71,9 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool, max_num_seqs: int,
-                 max_num_batched_tokens: int, prefill_chunk: int):
+                 max_num_batched_tokens: int, prefill_chunk: int, max_loras: int = 1):
         self.manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+        self.max_loras = max_loras  # distinct LoRA adapters among the running sequences
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_tokens = max_num_batched_tokens
@@ -184,15 +185,20 @@ class Scheduler:
             need = 1 + _pending_forks(s)
             if len(self.running) + forks + need > self.max_num_seqs and self.running:
                 break
+            lora = s.request.lora_id
+            if lora and lora not in {x.request.lora_id for x in self.running} and len(
+                    {x.request.lora_id for x in self.running} - {0}) >= self.max_loras:
+                break  # a step holds at most max_loras adapters: this one waits for a slot
             tokens = np.asarray(s.all_tokens(), dtype=np.int32)
             # a cached position has no logits, nor hidden states to pool
             reuse = not (s.index == 0 and s.request.needs_prompt_logprobs) and s.request.pooling is None
-            cached = m.match_prefix(tokens) if reuse else 0
+            # the adapter's id keys the prefix cache: one adapter's KV is never another's (or the base's)
+            cached = m.match_prefix(tokens, lora) if reuse else 0
             chunk = min(s.num_tokens - cached, budget, self.prefill_chunk)
-            if not m.can_allocate(tokens if reuse else tokens[:0], cached + chunk):
+            if not m.can_allocate(tokens if reuse else tokens[:0], cached + chunk, lora):
                 break
             self.waiting.popleft()
-            s.num_computed_tokens = m.add_sequence(s.seq_id, tokens, reuse_prefix=reuse)
+            s.num_computed_tokens = m.add_sequence(s.seq_id, tokens, lora, reuse_prefix=reuse)
             if s.request.cached_tokens == 0 and s.preemptions == 0:
                 s.request.cached_tokens = s.num_computed_tokens
             s.state = SeqState.RUNNING

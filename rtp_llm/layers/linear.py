@@ -30,9 +30,18 @@ class Linear(nn.Module):
         # format itself (ops.quantized_formats); `weight` is then empty.
         self.quantized = None
         self.kernel = TorchLinear(self.weight)
+        self.lora = None  # rtp_llm/lora/layers.py: LoRA adapters' deltas on this layer's output (--enable_lora)
+
+    @property
+    def lora_active(self) -> bool:
+        """This step adds adapter deltas here (a fused kernel that hides the output, e.g. gate_up's SiLU
+        epilogue, must not run)."""
+        return self.lora is not None and self.lora.active
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp is None:
-            return self.kernel(x, self.bias)
-        y = self.tp.all_reduce(self.kernel(x, None))
-        return y if self.bias is None else y + self.bias
+            y = self.kernel(x, self.bias)
+        else:
+            y = self.tp.all_reduce(self.kernel(x, None))
+            y = y if self.bias is None else y + self.bias
+        return self.lora.add(x, y) if self.lora_active else y

@@ -120,6 +120,7 @@ class DecoderLM(nn.Module):
         self.score = parameter((cfg.num_labels, cfg.hidden_size), dtype, device) if cfg.head == "score" else None
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, min(cfg.max_position_embeddings, 4096), device)
         self.fused_layers = None  # prepare(): the op set's whole-step path, if it has one
+        self.lora_ctx = None  # rtp_llm/lora: set when adapters are enabled; a step with adapter rows runs unfused
 
     def prepare(self) -> None:
         """After the weights are loaded: the device picks (and packs for) each linear layer's kernel, and the row
@@ -294,7 +295,8 @@ class DecoderLM(nn.Module):
         cos, sin = self.rotary.cos_sin(batch.positions, self.dtype, max(batch.kv_lens) - 1)
         x = self._embed(batch.input_ids)
         residual = None
-        if self.fused_layers is not None and self.fused_layers.runs(meta):
+        lora = self.lora_ctx is not None and self.lora_ctx.active
+        if self.fused_layers is not None and not lora and self.fused_layers.runs(meta):
             x, residual = self.fused_layers(x, cos, sin, kv, meta, attn.scale)
         else:
             for i, layer in enumerate(self.layers):

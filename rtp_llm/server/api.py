@@ -20,6 +20,7 @@ from rtp_llm.server.protocol_base import UnknownFields
 from rtp_llm.server.protocol_pooling import EmbeddingRequest, RerankRequest, ScoreRequest
 from rtp_llm.server.protocol_responses import ResponsesRequest
 from rtp_llm.server.serving import ChatOptions, CorsOptions, Server
+from rtp_llm.server.serving_lora import LoadLoRARequest, LoRAOptions, UnloadLoRARequest
 from rtp_llm.server.serving_chat import chat_text, create_chat_completion, template_variables
 from rtp_llm.server.serving_completion import create_completion
 
@@ -29,11 +30,12 @@ __all__ = ["ChatOptions", "CorsOptions", "create_app"]
 def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[str] = None,
                max_body_bytes: int = 1 << 20, on_shutdown: Optional[Callable[[], None]] = None,
                chat_options: Optional[ChatOptions] = None, cors: Optional[CorsOptions] = None,
-               stream_stall_timeout: float = 120.0, unknown_fields: str = "reject") -> FastAPI:
+               stream_stall_timeout: float = 120.0, unknown_fields: str = "reject",
+               lora: Optional[LoRAOptions] = None) -> FastAPI:
     """on_shutdown runs once the server has stopped serving (after the graceful drain); unknown_fields: reject | ignore
     (--unknown_fields)."""
     UnknownFields.ignore = unknown_fields == "ignore"
-    srv = Server(engine, served_model_name, chat_options, stream_stall_timeout)
+    srv = Server(engine, served_model_name, chat_options, stream_stall_timeout, lora)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -53,8 +55,12 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": srv.model_name, "object": "model", "created": int(time.time()),
-                                            "owned_by": "rtp-llm", "max_model_len": srv.max_model_len}]}
+        now = int(time.time())
+        base = {"id": srv.model_name, "object": "model", "created": now, "owned_by": "rtp-llm", "root": srv.model_name,
+                "parent": None, "max_model_len": srv.max_model_len}
+        adapters = [{**base, "id": name, "root": adapter.lora_path, "parent": srv.model_name}
+                    for name, adapter in srv.loras.adapters.items()]
+        return {"object": "list", "data": [base, *adapters]}
 
     @app.get("/metrics")
     async def metrics():
@@ -122,6 +128,15 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
     @app.post("/v2/rerank")
     async def rerank(req: RerankRequest, request: Request):
         return await serving_pooling.create_rerank(srv, req, request)
+
+    if lora is not None and lora.runtime_updates:  # vLLM serves these only when asked to
+        @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse)
+        async def load_lora_adapter(req: LoadLoRARequest):
+            return srv.loras.load(req, srv.model_name)
+
+        @app.post("/v1/unload_lora_adapter", response_class=PlainTextResponse)
+        async def unload_lora_adapter(req: UnloadLoRARequest):
+            return srv.loras.unload(req, engine)
 
     @app.post("/", openapi_extra=serving_native.OPENAPI_EXTRA)
     async def native(request: Request):

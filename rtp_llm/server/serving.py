@@ -12,12 +12,14 @@ from fastapi import Request
 from rtp_llm.engine.client import EngineClient, RequestStream
 from rtp_llm.engine.outputs import RequestOutput
 from rtp_llm.errors import EngineDeadError, RequestRejected
+from rtp_llm.lora.adapter import LoRARequest
 from rtp_llm.pooling import PoolingParams
 from rtp_llm.sampling import SamplingParams
 from rtp_llm.server import streams as st
 from rtp_llm.server.http_errors import APIError
 from rtp_llm.server.metrics import Metrics
 from rtp_llm.server.response_store import ResponseStore
+from rtp_llm.server.serving_lora import LoRAOptions, LoRARegistry
 from rtp_llm.tokenizer.reasoning_parser import THINK_END, ReasoningParser
 from rtp_llm.tokenizer.tool_parsers import detect_tool_parser, fallback_tool_template, make_tool_parser
 
@@ -46,7 +48,7 @@ class CorsOptions:
 
 class Server:
     def __init__(self, engine: EngineClient, served_model_name: str, chat: Optional[ChatOptions] = None,
-                 stream_stall_timeout: float = 120.0):
+                 stream_stall_timeout: float = 120.0, lora: Optional[LoRAOptions] = None):
         self.engine = engine
         self.processor = engine.processor
         self.stream_stall_timeout = stream_stall_timeout
@@ -80,22 +82,30 @@ class Server:
         self.metrics = Metrics(engine, served_model_name)
         self.users: dict[str, str] = {}  # request id -> the request's `user`, until it finishes or is closed
         self.responses = ResponseStore()  # /v1/responses with store=true
+        self.loras = LoRARegistry(lora or LoRAOptions())
 
-    def check_model(self, name: Optional[str]) -> None:
-        if name is not None and name != self.model_name:
-            raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
-                           param="model", code="model_not_found")
+    def check_model(self, name: Optional[str]) -> Optional[LoRARequest]:
+        """The LoRA adapter a request's `model` names (None: the base model); 404 for any other name."""
+        if name is None or name == self.model_name:
+            return None
+        lora = self.loras.resolve(name)
+        if lora is None:
+            served = ", ".join(repr(n) for n in [self.model_name, *self.loras.adapters])
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {served}", param="model",
+                           code="model_not_found")
+        return lora
 
     async def submit(self, request: Request, prompts: list, params: list, rids: list[str],
                      user: Optional[str] = None, names: Optional[dict[str, str]] = None,
-                     pooling: Optional[PoolingParams] = None) -> list[RequestStream]:
+                     pooling: Optional[PoolingParams] = None,
+                     lora: Optional[LoRARequest] = None) -> list[RequestStream]:
         """Sends the requests and waits until each has started (or was refused: all are then closed and the
         APIError raised). names: the route's spelling of a SamplingParams field, for errors; pooling: the pooling
         requests' params (params then None each)."""
         streams: list[RequestStream] = []
         try:
             for prompt, p, rid in zip(prompts, params, rids):
-                streams.append(self.engine.submit(prompt, p, rid, pooling))
+                streams.append(self.engine.submit(prompt, p, rid, pooling, lora))
         except (RequestRejected, EngineDeadError) as exc:
             for s in streams:
                 s.close()

@@ -60,10 +60,10 @@ def plan_chat(srv: Server, req: ChatCompletionRequest) -> ChatPlan:
 
 
 async def create_chat_completion(srv: Server, req: ChatCompletionRequest, request: Request):
-    srv.check_model(req.model)
+    lora = srv.check_model(req.model)
     plan = plan_chat(srv, req)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    [stream] = await srv.submit(request, [plan.ids], [plan.params], [rid], req.user, plan.names)
+    [stream] = await srv.submit(request, [plan.ids], [plan.params], [rid], req.user, plan.names, lora=lora)
     created = int(time.time())
     if req.stream:
         return StreamingResponse(srv.watched(_chat_stream(srv, stream, rid, created, req, plan.make_parser,

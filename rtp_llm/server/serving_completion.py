@@ -18,7 +18,7 @@ from rtp_llm.server.streams import DONE, sse, usage_flags
 
 
 async def create_completion(srv: Server, req: CompletionRequest, request: Request):
-    srv.check_model(req.model)
+    lora = srv.check_model(req.model)
     prompts = req.prompts()
     try:
         encoded = [srv.processor.encode(p) for p in prompts]  # checked against the model on submit
@@ -29,7 +29,7 @@ async def create_completion(srv: Server, req: CompletionRequest, request: Reques
     rid = f"cmpl-{uuid.uuid4().hex}"
     names = {"structured_outputs": req.structured()[1] or "structured_outputs"}
     streams = await srv.submit(request, encoded, params, [f"{rid}-{i}" for i in range(len(encoded))], req.user,
-                               names)
+                               names, lora=lora)
     created = int(time.time())
     if req.stream:
         return StreamingResponse(srv.watched(

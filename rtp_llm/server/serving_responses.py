@@ -132,7 +132,7 @@ def _usage(srv: Server, out, reasoning: str) -> dict:
 
 # --- the routes ------------------------------------------------------------------------------------------------
 async def create_response(srv: Server, req: ResponsesRequest, request: Request):
-    srv.check_model(req.model)
+    lora = srv.check_model(req.model)
     before: list[dict] = []
     if req.previous_response_id is not None:
         found = srv.responses.get(req.previous_response_id)
@@ -145,7 +145,7 @@ async def create_response(srv: Server, req: ResponsesRequest, request: Request):
     conversation = before + given
     plan = plan_chat(srv, chat_request(srv, req, chat_messages(conversation, req.instructions)))
     rid, created = _id("resp"), int(time.time())
-    [stream] = await srv.submit(request, [plan.ids], [plan.params], [rid], req.user, plan.names)
+    [stream] = await srv.submit(request, [plan.ids], [plan.params], [rid], req.user, plan.names, lora=lora)
 
     def finish(body: dict) -> dict:
         if req.store:

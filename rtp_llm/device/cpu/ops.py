@@ -122,6 +122,8 @@ class CpuOps(TorchOps):
         # the down projection instead of a [rows, 2 x intermediate] tensor going through memory. Rows are
         # independent in every kernel here, so this is bit-identical. Under tensor parallelism the down projection
         # all-reduces, once per call: no pieces there.
+        if gate_up.lora_active:  # the deltas need [gate | up] and every row of the step in one call
+            return super().mlp(h, gate_up, down)
         rows = h.shape[0] if h.dim() == 2 else -1
         if rows <= self.MLP_ROWS or h.dtype not in self.panel_dtypes or down.tp is not None:
             return self._mlp_rows(h, gate_up, down)

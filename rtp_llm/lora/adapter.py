@@ -1,0 +1,125 @@
+"""A PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) read and checked against the base model:
+each target module's A [r, in] and B [out, r] with its scale (lora_alpha / r, or / sqrt(r) with use_rslora). What
+PEFT can express but this engine does not run (modules_to_save, DoRA, biases, alpha_pattern) is refused by name."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from rtp_llm.errors import CheckpointError
+
+# PEFT's module names -> (the fused layer that holds it, which slice of that layer's output)
+MODULES = {"q_proj": ("qkv", 0), "k_proj": ("qkv", 1), "v_proj": ("qkv", 2), "o_proj": ("o", 0),
+           "gate_proj": ("gate_up", 0), "up_proj": ("gate_up", 1), "down_proj": ("down", 0)}
+_NAME = re.compile(r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])"
+                   r"(?:\.default)?\.weight$")
+
+
+@dataclass
+class LoRARequest:
+    """vLLM's LoRARequest: a name (what a request's `model` says), a positive id, the adapter's directory."""
+    lora_name: str
+    lora_int_id: int
+    lora_path: str
+    base_model_name: Optional[str] = None
+
+    def __post_init__(self):
+        if self.lora_int_id < 1:
+            raise ValueError(f"lora_int_id must be positive, got {self.lora_int_id}")
+
+
+class LoRAError(CheckpointError):
+    """An adapter that cannot be served on this base model: its message names the problem."""
+
+
+@dataclass
+class LoRAAdapter:
+    request: LoRARequest
+    rank: int
+    # (layer, module) -> (A [r, in], B [out, r], scale), float32
+    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor, float]] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.numel() * 4 + b.numel() * 4 for a, b, _ in self.weights.values())
+
+    @classmethod
+    def load(cls, request: LoRARequest, model_config, max_rank: int) -> "LoRAAdapter":
+        path = request.lora_path
+        cfg_path = os.path.join(path, "adapter_config.json")
+        if not os.path.isfile(cfg_path):
+            raise LoRAError(f"LoRA adapter {request.lora_name!r}: no adapter_config.json in {path}")
+        with open(cfg_path) as f:
+            cfg = json.load(f)
+        name = request.lora_name
+        for key, bad in (("modules_to_save", lambda v: bool(v)), ("use_dora", lambda v: bool(v)),
+                         ("bias", lambda v: v not in (None, "none")), ("fan_in_fan_out", lambda v: bool(v)),
+                         ("alpha_pattern", lambda v: bool(v))):
+            if bad(cfg.get(key)):
+                raise LoRAError(f"LoRA adapter {name!r}: {key}={cfg[key]!r} is not supported (plain LoRA on the "
+                                f"attention and MLP projections only)")
+        if cfg.get("peft_type", "LORA") != "LORA":
+            raise LoRAError(f"LoRA adapter {name!r}: peft_type {cfg.get('peft_type')!r} is not LORA")
+        targets = cfg.get("target_modules") or []
+        targets = list(MODULES) if targets == "all-linear" else [targets] if isinstance(targets, str) else targets
+        unknown = sorted(set(t.rsplit(".", 1)[-1] for t in targets) - set(MODULES))
+        if unknown:
+            raise LoRAError(f"LoRA adapter {name!r}: target modules {unknown} are not supported (only "
+                            f"{', '.join(MODULES)})")
+        r = int(cfg["r"])
+        if r > max_rank:
+            raise LoRAError(f"LoRA adapter {name!r}: rank {r} exceeds --max_lora_rank {max_rank}")
+        alpha = float(cfg.get("lora_alpha", r))
+        tensors = _read_tensors(path, name)
+        pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+        for tname, t in tensors.items():
+            m = _NAME.match(tname)
+            if m is None or m.group(2) not in MODULES:
+                raise LoRAError(f"LoRA adapter {name!r}: tensor {tname} is not a LoRA A or B of "
+                                f"{', '.join(MODULES)}")
+            pairs.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = t
+        adapter = cls(request, r)
+        expected = _shapes(model_config)
+        for (layer, module), ab in sorted(pairs.items()):
+            if set(ab) != {"A", "B"}:
+                raise LoRAError(f"LoRA adapter {name!r}: layer {layer} {module} has lora_{''.join(ab)} without "
+                                f"its pair")
+            if layer >= model_config.num_layers:
+                raise LoRAError(f"LoRA adapter {name!r}: layer {layer} does not exist (the base has "
+                                f"{model_config.num_layers})")
+            a, b = ab["A"].float(), ab["B"].float()
+            rank = a.shape[0]
+            fan_in, fan_out = expected[module]
+            if a.dim() != 2 or b.dim() != 2 or a.shape[1] != fan_in or b.shape != (fan_out, rank) or rank > max_rank:
+                raise LoRAError(f"LoRA adapter {name!r}: layer {layer} {module} has A {tuple(a.shape)} and B "
+                                f"{tuple(b.shape)}; this base needs A [r, {fan_in}] and B [{fan_out}, r] with r <= "
+                                f"{max_rank} (an adapter of another base model?)")
+            scale = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
+            adapter.weights[(layer, module)] = (a.contiguous(), b.contiguous(), scale)
+        if not adapter.weights:
+            raise LoRAError(f"LoRA adapter {name!r}: no LoRA tensors in {path}")
+        return adapter
+
+
+def _read_tensors(path: str, name: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    for file in ("adapter_model.safetensors",):
+        full = os.path.join(path, file)
+        if os.path.isfile(full):
+            return load_file(full)
+    raise LoRAError(f"LoRA adapter {name!r}: no adapter_model.safetensors in {path} (pickle .bin adapters are not "
+                    f"read)")
+
+
+def _shapes(mc) -> dict[str, tuple[int, int]]:
+    h, q, kv, inter = mc.hidden_size, mc.q_size, mc.kv_size, mc.intermediate_size
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, inter),
+            "up_proj": (h, inter), "down_proj": (inter, h)}

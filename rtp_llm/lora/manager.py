@@ -1,0 +1,167 @@
+"""LoRAManager: the adapters an engine knows (loaded from disk once, kept on the host up to max_cpu_loras, least
+recently used first out) and the ones resident in the base layers' slots (up to max_loras; a step never needs more:
+the scheduler admits no request whose adapter would make a step's count exceed it). The runner tells it each step's
+rows per adapter."""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Optional
+
+import torch
+
+from rtp_llm.errors import RequestRejected
+from rtp_llm.lora.adapter import MODULES, LoRAAdapter, LoRAError, LoRARequest
+from rtp_llm.lora.layers import LinearLoRA, LoRAContext
+
+log = logging.getLogger(__name__)
+
+_FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
+          "down": ("down_proj",)}
+
+
+class LoRAManager:
+    def __init__(self, model, max_loras: int = 1, max_lora_rank: int = 16, max_cpu_loras: Optional[int] = None):
+        if model.tp is not None:
+            raise ValueError("LoRA adapters run on one rank (tp_size 1) for now")
+        if any(layer.moe for layer in model.layers):
+            raise ValueError("LoRA adapters apply to dense models (attention and gated MLP projections) for now")
+        self.model, self.cfg = model, model.cfg
+        self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
+        self.max_cpu_loras = max(max_cpu_loras or max_loras, max_loras)
+        self.ctx = LoRAContext()
+        self.device = model.embed.device
+        mc = self.cfg
+        q, kv, inter = mc.q_size, mc.kv_size, mc.intermediate_size
+        offsets = {"qkv": [0, q, q + kv], "o": [0], "gate_up": [0, inter], "down": [0]}
+        self.layers = []  # per decoder layer: fused name -> LinearLoRA
+        for layer in model.layers:
+            per = {}
+            for fused, mods in _FUSED.items():
+                lin = layer.part(fused)
+                lin.lora = per[fused] = LinearLoRA(self.ctx, offsets[fused])
+            self.layers.append(per)
+        model.lora_ctx = self.ctx
+        self.known: dict[str, LoRARequest] = {}           # name -> request
+        self.host: OrderedDict[int, LoRAAdapter] = OrderedDict()  # loaded adapters, LRU order
+        self.slots: OrderedDict[int, int] = OrderedDict()  # lora id -> slot, LRU order
+        self.retiring: set[str] = set()  # unloaded while requests still ran with them
+
+    @classmethod
+    def for_engine(cls, config, model, pooling: bool) -> Optional["LoRAManager"]:
+        """The engine's manager (None without enable_lora), with the adapters of config.lora_modules loaded."""
+        if not config.enable_lora:
+            if config.lora_modules:
+                raise ValueError("lora_modules needs enable_lora")
+            return None
+        if pooling or (config.speculative is not None and config.speculative.method == "draft_model"):
+            raise ValueError("LoRA adapters run on the generate runner, without a draft model")
+        manager = cls(model, config.max_loras, config.max_lora_rank, config.max_cpu_loras)
+        for i, (name, path) in enumerate((config.lora_modules or {}).items(), start=1):
+            manager.add(LoRARequest(name, i, path))
+        log.info("LoRA: %d adapters loaded (%s); at most %d per step, rank <= %d", len(manager.known),
+                 ", ".join(manager.known) or "none yet", config.max_loras, config.max_lora_rank)
+        return manager
+
+    # --- adapters ----------------------------------------------------------------------------------------------
+    def admit(self, request: LoRARequest) -> int:
+        """A request's adapter, loaded on first use: its id, or RequestRejected naming what is wrong with it (the
+        engine and its other requests go on)."""
+        try:
+            self.add(request)
+        except LoRAError as exc:
+            raise RequestRejected(str(exc), param="model") from None
+        return request.lora_int_id
+
+    def add(self, request: LoRARequest) -> LoRAAdapter:
+        """Loads (and checks) an adapter; LoRAError names what is wrong with it. Re-adding a known name with the
+        same id and path is a no-op."""
+        old = self.known.get(request.lora_name)
+        if old is not None and (old.lora_int_id, old.lora_path) != (request.lora_int_id, request.lora_path):
+            raise LoRAError(f"LoRA adapter {request.lora_name!r} is already loaded (from {old.lora_path}); unload it "
+                            f"first")
+        if any(r.lora_int_id == request.lora_int_id and r.lora_name != request.lora_name
+               for r in self.known.values()):
+            raise LoRAError(f"lora_int_id {request.lora_int_id} is taken by another adapter")
+        adapter = self._host(request)
+        self.known[request.lora_name] = request
+        return adapter
+
+    def retire(self, name: str, in_use: set) -> None:
+        """Removes the adapter now, or once no request in `in_use` (lora ids) runs with it (sweep)."""
+        request = self.known.get(name)
+        if request is None:
+            return
+        if request.lora_int_id in in_use:
+            self.retiring.add(name)
+        else:
+            self.remove(name)
+
+    def sweep(self, in_use: set) -> None:
+        for name in [n for n in self.retiring if self.known[n].lora_int_id not in in_use]:
+            self.remove(name)
+
+    def remove(self, name: str) -> None:
+        self.retiring.discard(name)
+        request = self.known.pop(name, None)
+        if request is None:
+            raise LoRAError(f"no LoRA adapter named {name!r} is loaded")
+        self.host.pop(request.lora_int_id, None)
+        slot = self.slots.pop(request.lora_int_id, None)
+        if slot is not None:
+            for per in self.layers:
+                for lin in per.values():
+                    lin.remove(slot)
+
+    def _host(self, request: LoRARequest) -> LoRAAdapter:
+        adapter = self.host.get(request.lora_int_id)
+        if adapter is None:
+            adapter = LoRAAdapter.load(request, self.cfg, self.max_lora_rank)
+            self.host[request.lora_int_id] = adapter
+            while len(self.host) > self.max_cpu_loras:  # the least recently used, never a resident or this one
+                victim = next((i for i in self.host if i not in self.slots and i != request.lora_int_id), None)
+                if victim is None:
+                    break
+                del self.host[victim]
+        self.host.move_to_end(request.lora_int_id)
+        return adapter
+
+    # --- the step ----------------------------------------------------------------------------------------------
+    def set_step(self, rows_of: dict[int, list[int]]) -> None:
+        """rows_of: lora id -> the step's flat-batch rows of that adapter. Makes each resident (evicting the least
+        recently used others) and groups the rows by slot."""
+        if len(rows_of) > self.max_loras:
+            raise RuntimeError(f"a step with {len(rows_of)} adapters exceeds max_loras={self.max_loras}")
+        groups = []
+        for lora_id, rows in rows_of.items():
+            slot = self._resident(lora_id)
+            groups.append((slot, torch.tensor(rows, dtype=torch.long, device=self.device)))
+        self.ctx.groups = groups
+
+    def clear_step(self) -> None:
+        self.ctx.groups = []
+
+    def _resident(self, lora_id: int) -> int:
+        slot = self.slots.get(lora_id)
+        if slot is not None:
+            self.slots.move_to_end(lora_id)
+            return slot
+        request = next(r for r in self.known.values() if r.lora_int_id == lora_id)
+        adapter = self._host(request)
+        if len(self.slots) >= self.max_loras:
+            _, slot = self.slots.popitem(last=False)
+        else:
+            slot = len(self.slots)
+        for i, per in enumerate(self.layers):
+            for fused, mods in _FUSED.items():
+                per[fused].install(slot, [adapter.weights.get((i, m)) for m in mods], self.device)
+        self.slots[lora_id] = slot
+        return slot
+
+    def id_of(self, name: str) -> Optional[int]:
+        r = self.known.get(name)
+        return None if r is None else r.lora_int_id
+
+
+assert set(m for mods in _FUSED.values() for m in mods) == set(MODULES)

@@ -1,0 +1,144 @@
+"""LoRA adapters made with peft on tiny random checkpoints (Llama, Qwen2, Qwen3; ranks 1, 8, 64; rslora; some
+target modules only), served by the engine (LLM(..., enable_lora=True), the CPU device's kernels) and checked
+against transformers + peft unmerged: greedy tokens identical, each token's logprob within 1e-4 in fp32; several
+adapters and the base in one batch, each row the same bits as its run alone; the prefix cache never serves one
+adapter's KV to another; slots evicted and reloaded; every bad adapter refused by name."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from rtp_llm import LLM, SamplingParams
+from rtp_llm.errors import RequestRejected
+from rtp_llm.lora import LoRARequest
+from rtp_llm.models.default_model import default_model_path
+from tests.models.tiny_checkpoints import make_checkpoint
+
+PROMPTS = [[5, 17, 33, 2, 90, 14, 7], [100, 3, 3, 41, 8, 250, 61, 19, 4, 77, 12], [9, 9]]
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def make_adapter(base_dir, out, r, targets=ALL, rslora=False, alpha=None, seed=0):
+    """A peft adapter with random A and B (init_lora_weights=False: a zero B would change nothing); returns the
+    transformers + peft model (unmerged) to compare with."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+    peft_model = get_peft_model(base, LoraConfig(r=r, lora_alpha=alpha or 2 * r, target_modules=targets,
+                                                 use_rslora=rslora, init_lora_weights=False, lora_dropout=0.0))
+    with torch.no_grad():  # B large enough that a missed or misplaced delta shows in the logits
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.mul_(20.0)
+    peft_model.save_pretrained(str(out))
+    return peft_model.eval()
+
+
+def reference(model, prompt, n):
+    """Greedy tokens and their logprobs, from the full sequence's logits at every step."""
+    ids, lps = list(prompt), []
+    with torch.no_grad():
+        for _ in range(n):
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1].float(), -1)
+            t = int(logp.argmax())
+            ids.append(t)
+            lps.append(float(logp[t]))
+    return ids[len(prompt):], lps
+
+
+def engine(base, **kw):
+    return LLM(str(base), tokenizer=default_model_path(), enable_lora=True, block_size=4, num_blocks=256,
+               max_model_len=256, **kw)
+
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0, logprobs=0)
+
+
+@pytest.mark.parametrize("variant,r,targets,rslora", [
+    ("llama_gqa4_tied_attnbias", 8, ALL, False),
+    ("qwen2_gqa4_bias_untied", 1, ["q_proj", "v_proj"], False),
+    ("qwen3_gqa2_headdim32_untied", 64, ALL, True),
+    ("qwen3_mha_tied", 8, ["gate_proj", "down_proj", "o_proj"], False),
+])
+def test_adapters_match_peft(tmp_path, variant, r, targets, rslora):
+    make_checkpoint(tmp_path / "base", variant)
+    ref = make_adapter(tmp_path / "base", tmp_path / "a", r, targets, rslora)
+    llm = engine(tmp_path / "base", max_lora_rank=64)
+    lora = LoRARequest("a", 1, str(tmp_path / "a"))
+    outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False, lora_request=lora)
+    for prompt, out in zip(PROMPTS, outs):
+        tokens, lps = reference(ref, prompt, 8)
+        assert out.outputs[0].token_ids == tokens
+        got = [lp.logprob for lp in out.outputs[0].logprobs]
+        assert max(abs(a - b) for a, b in zip(got, lps)) < 1e-4
+    with ref.disable_adapter():  # the base model: rows without an adapter are the base's
+        base_tokens, _ = reference(ref, PROMPTS[0], 8)
+    assert llm.generate([PROMPTS[0]], GREEDY, use_tqdm=False)[0].outputs[0].token_ids == base_tokens
+    assert base_tokens != outs[0].outputs[0].token_ids  # the adapter changes the answer
+
+
+def test_mixed_batches_change_no_row(tmp_path):
+    """Two adapters and the base in one batch (the first two share a prompt): every row the same bits (tokens and
+    logprobs) as its request alone; the prefix cache keeps each adapter's KV to itself."""
+    base = tmp_path / "base"
+    make_checkpoint(base, "qwen3_gqa2_headdim32_untied")
+    make_adapter(base, tmp_path / "a", 8, seed=1)
+    make_adapter(base, tmp_path / "b", 4, ["q_proj", "up_proj"], seed=2)
+    la, lb = LoRARequest("a", 1, str(tmp_path / "a")), LoRARequest("b", 2, str(tmp_path / "b"))
+    llm = engine(base, max_loras=2)
+    prompts = [PROMPTS[1], PROMPTS[1], PROMPTS[1], PROMPTS[0]]
+    loras = [la, lb, None, la]
+    alone = []
+    for p, lo in zip(prompts, loras):
+        alone.append(engine(base, max_loras=2).generate([p], GREEDY, use_tqdm=False, lora_request=lo)[0])
+    together = llm.generate(prompts, GREEDY, use_tqdm=False, lora_request=loras)
+    again = llm.generate(prompts, GREEDY, use_tqdm=False, lora_request=loras)  # prefixes now cached, per adapter
+    for a, t, g in zip(alone, together, again):
+        assert a.outputs[0].token_ids == t.outputs[0].token_ids == g.outputs[0].token_ids
+        assert [x.logprob for x in a.outputs[0].logprobs] == [x.logprob for x in t.outputs[0].logprobs] \
+            == [x.logprob for x in g.outputs[0].logprobs]
+    assert len({tuple(t.outputs[0].token_ids) for t in together[:3]}) == 3  # one prompt, three answers
+
+
+def test_more_adapters_than_slots_wait_and_swap(tmp_path):
+    """max_loras=1 with two adapters in flight: a step never mixes them (the second waits for the slot), and every
+    answer is its own adapter's."""
+    base = tmp_path / "base"
+    make_checkpoint(base, "llama_gqa4_tied_attnbias")
+    ra = make_adapter(base, tmp_path / "a", 8, seed=3)
+    rb = make_adapter(base, tmp_path / "b", 8, seed=4)
+    la, lb = LoRARequest("a", 1, str(tmp_path / "a")), LoRARequest("b", 2, str(tmp_path / "b"))
+    llm = engine(base, max_loras=1, max_cpu_loras=1)
+    outs = llm.generate([PROMPTS[0]] * 4, GREEDY, use_tqdm=False, lora_request=[la, lb, la, lb])
+    want = {1: reference(ra, PROMPTS[0], 8)[0], 2: reference(rb, PROMPTS[0], 8)[0]}
+    assert [o.outputs[0].token_ids for o in outs] == [want[1], want[2], want[1], want[2]]
+    assert len(llm.core.lora.slots) == 1  # set_step raises if a step ever held both
+
+
+def test_bad_adapters_are_refused_by_name_and_the_base_keeps_serving(tmp_path):
+    base = tmp_path / "base"
+    make_checkpoint(base, "qwen3_gqa2_headdim32_untied")
+    make_adapter(base, tmp_path / "big", 32)
+    other = tmp_path / "other_base"
+    make_checkpoint(other, "qwen2_gqa4_bias_untied")
+    make_adapter(other, tmp_path / "alien", 4)
+    make_adapter(base, tmp_path / "saves", 4)
+    cfg_path = tmp_path / "saves" / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps({**cfg, "modules_to_save": ["lm_head"]}))
+    llm = engine(base, max_lora_rank=16)
+    cases = [("big", "rank 32 exceeds --max_lora_rank 16"), ("alien", "another base model"),
+             ("saves", "modules_to_save"), ("missing", "no adapter_config.json")]
+    for i, (name, words) in enumerate(cases, start=1):
+        with pytest.raises(RequestRejected, match=words):
+            llm.generate([PROMPTS[0]], GREEDY, use_tqdm=False,
+                         lora_request=LoRARequest(name, i, str(tmp_path / name)))
+    assert llm.generate([PROMPTS[0]], GREEDY, use_tqdm=False)[0].outputs[0].token_ids  # the base still serves
+    assert not llm.core.requests and llm.core.scheduler.manager.stats().used_blocks == 0
+    with pytest.raises(RequestRejected, match="without --enable_lora"):
+        LLM(str(base), tokenizer=default_model_path(), max_model_len=256).generate(
+            [PROMPTS[0]], GREEDY, use_tqdm=False, lora_request=LoRARequest("a", 1, os.fspath(tmp_path / "big")))
