@@ -57,6 +57,8 @@ class LoRAManager:
             return None
         if pooling or (config.speculative is not None and config.speculative.method == "draft_model"):
             raise ValueError("LoRA adapters run on the generate runner, without a draft model")
+        if model.embed.device.type != "cpu":
+            raise ValueError(f"LoRA adapters run on the CPU for now (device {model.embed.device.type})")
         manager = cls(model, config.max_loras, config.max_lora_rank, config.max_cpu_loras)
         for i, (name, path) in enumerate((config.lora_modules or {}).items(), start=1):
             manager.add(LoRARequest(name, i, path))
