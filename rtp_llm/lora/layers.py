@@ -23,13 +23,15 @@ class LoRAContext:
 
 
 class LinearLoRA:
-    """One base Linear's adapters by slot: (first output column, A [r, in], B [out_part, r], scale) per module it
-    fuses (qkv holds q, k and v; gate_up gate and up)."""
+    """One base Linear's adapters by slot. The modules it fuses (qkv: q, k, v; gate_up: gate, up) are joined at
+    install: A_all [sum r, in] stacks their A, B_all [out, sum r] places each B * scale in its output rows and its
+    rank columns (zeros elsewhere), so a group's delta is two products whatever the fusion."""
 
-    def __init__(self, ctx: LoRAContext, offsets: list[int]):
+    def __init__(self, ctx: LoRAContext, offsets: list[int], out_features: int):
         self.ctx = ctx
         self.offsets = offsets  # where each fused module's output starts
-        self.slots: dict[int, list[tuple[int, torch.Tensor, torch.Tensor, float]]] = {}
+        self.out_features = out_features
+        self.slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # slot -> (A_all^T [in, R], B_all^T [R, out])
 
     @property
     def active(self) -> bool:
@@ -38,26 +40,35 @@ class LinearLoRA:
     def install(self, slot: int, parts: list[Optional[tuple[torch.Tensor, torch.Tensor, float]]], device) -> None:
         """parts[i]: the adapter's (A, B, scale) for fused module i, or None where it has none. Kept in float32,
         as PEFT keeps an adapter on a bf16 base (autocast_adapter_dtype)."""
-        kept = [(self.offsets[i], a.to(device, torch.float32), b.to(device, torch.float32), scale)
-                for i, p in enumerate(parts) if p is not None for a, b, scale in [p]]
-        if kept:
-            self.slots[slot] = kept
-        else:
+        given = [(self.offsets[i], a, b, scale) for i, p in enumerate(parts) if p is not None for a, b, scale in [p]]
+        if not given:
             self.slots.pop(slot, None)
+            return
+        a_all = torch.cat([a for _, a, _, _ in given]).float()
+        b_all = torch.zeros(self.out_features, a_all.shape[0], dtype=torch.float32)
+        col = 0
+        for start, a, b, scale in given:
+            b_all[start:start + b.shape[0], col:col + a.shape[0]] = b.float() * scale
+            col += a.shape[0]
+        self.slots[slot] = (a_all.t().contiguous().to(device), b_all.t().contiguous().to(device))
 
     def remove(self, slot: int) -> None:
         self.slots.pop(slot, None)
 
     def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        rows_total = x.shape[0]
         for slot, rows in self.ctx.groups:
-            parts = self.slots.get(slot)
-            if not parts:
+            weights = self.slots.get(slot)
+            if weights is None:
                 continue
-            xs = x.index_select(0, rows).float().unsqueeze(1)  # [m, 1, in]
+            a_t, b_t = weights
+            whole = rows.numel() == rows_total  # every row of the step: no gather, no scatter
+            xs = (x if whole else x.index_select(0, rows)).float().unsqueeze(1)  # [m, 1, in]
             m = xs.shape[0]
-            for start, a, b, scale in parts:
-                shrink = torch.bmm(xs, a.t().unsqueeze(0).expand(m, -1, -1))   # [m, 1, r]
-                expand = torch.bmm(shrink, b.t().unsqueeze(0).expand(m, -1, -1))  # [m, 1, out_part]
-                delta = (expand.squeeze(1) * scale).to(y.dtype)
-                y[:, start:start + delta.shape[1]].index_add_(0, rows, delta)
+            shrink = torch.bmm(xs, a_t.unsqueeze(0).expand(m, -1, -1))         # [m, 1, R]
+            delta = torch.bmm(shrink, b_t.unsqueeze(0).expand(m, -1, -1)).squeeze(1).to(y.dtype)  # [m, out]
+            if whole:
+                y.add_(delta)
+            else:
+                y.index_add_(0, rows, delta)
         return y

@@ -35,12 +35,13 @@ class LoRAManager:
         mc = self.cfg
         q, kv, inter = mc.q_size, mc.kv_size, mc.intermediate_size
         offsets = {"qkv": [0, q, q + kv], "o": [0], "gate_up": [0, inter], "down": [0]}
+        outs = {"qkv": q + 2 * kv, "o": mc.hidden_size, "gate_up": 2 * inter, "down": mc.hidden_size}
         self.layers = []  # per decoder layer: fused name -> LinearLoRA
         for layer in model.layers:
             per = {}
             for fused, mods in _FUSED.items():
                 lin = layer.part(fused)
-                lin.lora = per[fused] = LinearLoRA(self.ctx, offsets[fused])
+                lin.lora = per[fused] = LinearLoRA(self.ctx, offsets[fused], outs[fused])
             self.layers.append(per)
         model.lora_ctx = self.ctx
         self.known: dict[str, LoRARequest] = {}           # name -> request
