@@ -27,6 +27,8 @@ class Device(ABC):
     default_block_size: int = 16
     # Query tokens one request may bring to a decode round (speculative decoding: 1 + drafts); None = no limit.
     max_decode_query_tokens: Optional[int] = None
+    # LoRA adapters' deltas (rtp_llm/lora/) checked on this device: the CPU so far
+    runs_lora: bool = False
     # attention backends by name; None picks `default_attention`
     attention_backends: dict[str, type[AttentionBackend]] = {"torch_ref": TorchRefAttention}
     default_attention: str = "torch_ref"

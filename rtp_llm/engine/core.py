@@ -117,7 +117,7 @@ class EngineCore:
                 raise ValueError("--runner pooling runs on one rank without speculative decoding (tp_size 1, no "
                                  "speculative_config)")
             self.runner.pooler = Pooler.for_engine(model, config.model, self.tokenizer, config.pooler_config)
-        self.lora = self.runner.lora = LoRAManager.for_engine(config, model, self.pooling)
+        self.lora = self.runner.lora = LoRAManager.for_engine(config, model, self.pooling, self.device)
         self.speculator = self._speculator(config)
         self.requests: dict[str, Request] = {}
         self._rng = random.Random(config.seed)

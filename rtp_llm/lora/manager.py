@@ -50,7 +50,7 @@ class LoRAManager:
         self.retiring: set[str] = set()  # unloaded while requests still ran with them
 
     @classmethod
-    def for_engine(cls, config, model, pooling: bool) -> Optional["LoRAManager"]:
+    def for_engine(cls, config, model, pooling: bool, device) -> Optional["LoRAManager"]:
         """The engine's manager (None without enable_lora), with the adapters of config.lora_modules loaded."""
         if not config.enable_lora:
             if config.lora_modules:
@@ -58,8 +58,8 @@ class LoRAManager:
             return None
         if pooling or (config.speculative is not None and config.speculative.method == "draft_model"):
             raise ValueError("LoRA adapters run on the generate runner, without a draft model")
-        if model.embed.device.type != "cpu":
-            raise ValueError(f"LoRA adapters run on the CPU for now (device {model.embed.device.type})")
+        if not device.runs_lora:
+            raise ValueError(f"LoRA adapters run on the CPU for now, not on {device.name}")
         manager = cls(model, config.max_loras, config.max_lora_rank, config.max_cpu_loras)
         for i, (name, path) in enumerate((config.lora_modules or {}).items(), start=1):
             manager.add(LoRARequest(name, i, path))

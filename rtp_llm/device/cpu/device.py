@@ -20,6 +20,7 @@ class CpuDevice(Device):
     collective_backend = "gloo"
     attention_backends = {"torch_ref": TorchRefAttention, "cpu": CpuAttention}
     default_attention = "cpu"
+    runs_lora = True
     # The KV cache when the config gives no size: host memory is shared with everything else, so a fixed size.
     DEFAULT_KV_CACHE_BYTES = GiB
     # Tokens per KV block (vLLM's CPU backend defaults to 128 too): a decode step reads each sequence's keys and
