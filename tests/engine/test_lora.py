@@ -142,3 +142,21 @@ def test_bad_adapters_are_refused_by_name_and_the_base_keeps_serving(tmp_path):
     with pytest.raises(RequestRejected, match="without --enable_lora"):
         LLM(str(base), tokenizer=default_model_path(), max_model_len=256).generate(
             [PROMPTS[0]], GREEDY, use_tqdm=False, lora_request=LoRARequest("a", 1, os.fspath(tmp_path / "big")))
+
+
+def test_an_unloaded_adapter_finishes_its_running_requests_first(tmp_path):
+    base = tmp_path / "base"
+    make_checkpoint(base, "qwen3_mha_tied")
+    ref = make_adapter(base, tmp_path / "a", 8, seed=5)
+    llm = engine(base)
+    lora = LoRARequest("a", 1, str(tmp_path / "a"))
+    core = llm.core
+    core.add_request(llm.processor.process("r", PROMPTS[0], GREEDY, lora=lora))
+    tokens = [t for delta in core.step() for t in delta.samples[0].token_ids]  # the prefill, with the adapter
+    core.unload_lora("a")
+    assert "a" in core.lora.known and "a" in core.lora.retiring  # still serving its running request
+    while core.has_unfinished():
+        for delta in core.step():
+            tokens += delta.samples[0].token_ids
+    assert tokens == reference(ref, PROMPTS[0], 8)[0]  # the adapter's answer to the end
+    assert "a" not in core.lora.known and not core.lora.slots  # then forgotten
