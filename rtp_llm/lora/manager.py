@@ -41,7 +41,7 @@ class LoRAManager:
             per = {}
             for fused, mods in _FUSED.items():
                 lin = layer.part(fused)
-                lin.lora = per[fused] = LinearLoRA(self.ctx, offsets[fused], outs[fused])
+                lin.lora = per[fused] = LinearLoRA(self.ctx, offsets[fused], outs[fused], model.ops)
             self.layers.append(per)
         model.lora_ctx = self.ctx
         self.known: dict[str, LoRARequest] = {}           # name -> request
