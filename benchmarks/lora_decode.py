@@ -71,8 +71,8 @@ class Vllm:
 
         python, env = vllm_environment()
         here = os.path.dirname(os.path.abspath(__file__))
-        self.peer = PipePeer([python, os.path.join(here, "peers", "vllm_lora_peer.py"), model, *paths, "--rank",
-                              str(rank), "--max_num_seqs", str(max_seqs)], env)
+        self.peer = PipePeer([python, os.path.join(here, "peers", "vllm_peer.py"), model, "--adapters", *paths,
+                              "--max_lora_rank", str(rank), "--max_num_seqs", str(max_seqs)], env)
 
     def run(self, prompts, new_tokens, adapters):
         import json
