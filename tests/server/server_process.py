@@ -22,6 +22,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def tiny_server(model: str, *flags: str) -> "ServerProcess":
+    """A server on a tiny checkpoint (conftest's tiny_model) read with the embedded model's tokenizer, served as
+    "tiny"."""
+    from rtp_llm.models.default_model import default_model_path
+
+    return ServerProcess("--model", model, "--tokenizer_path", default_model_path(), "--max_model_len", "512",
+                         "--kv_cache_memory_gb", "0.1", "--served_model_name", "tiny", *flags)
+
+
 class ServerProcess:
     def __init__(self, *args: str, env: dict | None = None, timeout: float = 180, new_session: bool = False):
         """new_session: the server leads a process group of its own (what a terminal gives it), so a test

@@ -11,37 +11,22 @@ import openai
 import pytest
 
 from rtp_llm.models.default_model import SERVED_NAME, default_model_path
-from tests.server.server_process import ServerProcess
+from tests.server.server_process import tiny_server
 from tests.server.tool_requests import ASK, HERMES, SCHEMAS, TOOLS, WEATHER, calls_of, reassemble
 
 ANSWER = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 20}}, "required": ["answer"]}
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from tests.models.tiny_checkpoints import make_checkpoint
-
-    path = tmp_path_factory.mktemp("tiny_full_vocab")
-    make_checkpoint(path, "llama_full_vocab")
-    return str(path)
-
-
-def _start(model, *flags):
-    return ServerProcess("--model", model, "--tokenizer_path", default_model_path(), "--max_model_len", "512",
-                         "--kv_cache_memory_gb", "0.1", "--served_model_name", "tiny", "--chat_template", HERMES,
-                         *flags)
-
-
-@pytest.fixture(scope="module")
 def tools_server(tiny_model):
-    srv = _start(tiny_model)
+    srv = tiny_server(tiny_model, "--chat_template", HERMES)
     yield srv
     assert srv.stop() == 0
 
 
 @pytest.fixture(scope="module")
 def lenient_server(tiny_model):
-    srv = _start(tiny_model, "--strict_json_schemas", "0", "--unknown_fields", "ignore")
+    srv = tiny_server(tiny_model, "--chat_template", HERMES, "--strict_json_schemas", "0", "--unknown_fields", "ignore")
     yield srv
     assert srv.stop() == 0
 

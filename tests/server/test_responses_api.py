@@ -10,8 +10,8 @@ import jsonschema
 import openai
 import pytest
 
-from rtp_llm.models.default_model import SERVED_NAME, default_model_path
-from tests.server.server_process import ServerProcess
+from rtp_llm.models.default_model import SERVED_NAME
+from tests.server.server_process import tiny_server
 from tests.server.tool_requests import HERMES, SCHEMAS, THINKING, TOOLS
 
 RESPONSE_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
@@ -32,29 +32,15 @@ def chat_text(srv, messages, **kw):
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from tests.models.tiny_checkpoints import make_checkpoint
-
-    path = tmp_path_factory.mktemp("tiny_full_vocab")
-    make_checkpoint(path, "llama_full_vocab")
-    return str(path)
-
-
-def _tiny(model, *flags):
-    return ServerProcess("--model", model, "--tokenizer_path", default_model_path(), "--max_model_len", "512",
-                         "--kv_cache_memory_gb", "0.1", "--served_model_name", "tiny", *flags)
-
-
-@pytest.fixture(scope="module")
 def tools_server(tiny_model):
-    srv = _tiny(tiny_model, "--chat_template", HERMES)
+    srv = tiny_server(tiny_model, "--chat_template", HERMES)
     yield srv
     assert srv.stop() == 0
 
 
 @pytest.fixture(scope="module")
 def thinking_server(tiny_model):
-    srv = _tiny(tiny_model, "--chat_template", THINKING, "--reasoning_parser", "deepseek_r1")
+    srv = tiny_server(tiny_model, "--chat_template", THINKING, "--reasoning_parser", "deepseek_r1")
     yield srv
     assert srv.stop() == 0
 

@@ -12,27 +12,13 @@ import openai
 import pytest
 
 from rtp_llm.models.default_model import SERVED_NAME, default_model_path
-from tests.server.server_process import ServerProcess
+from tests.server.server_process import tiny_server
 from tests.server.tool_requests import ASK, HERMES, SCHEMAS, THINKING, TIME, TOOLS, WEATHER, calls_of, reassemble
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from tests.models.tiny_checkpoints import make_checkpoint
-
-    path = tmp_path_factory.mktemp("tiny_full_vocab")
-    make_checkpoint(path, "llama_full_vocab")
-    return str(path)
-
-
-def start(model, *flags):
-    return ServerProcess("--model", model, "--tokenizer_path", default_model_path(), "--max_model_len", "512",
-                         "--kv_cache_memory_gb", "0.1", "--served_model_name", "tiny", *flags)
-
-
-@pytest.fixture(scope="module")
 def tools_server(tiny_model):
-    srv = start(tiny_model, "--chat_template", HERMES)  # the parser comes from the template: hermes
+    srv = tiny_server(tiny_model, "--chat_template", HERMES)  # the parser comes from the template: hermes
     yield srv
     assert srv.stop() == 0
 
@@ -214,7 +200,7 @@ def test_auto_needs_a_parser(thinking, server):
 
 @pytest.fixture(scope="module")
 def thinking(tiny_model):
-    srv = start(tiny_model, "--chat_template", THINKING, "--reasoning_parser", "deepseek_r1")
+    srv = tiny_server(tiny_model, "--chat_template", THINKING, "--reasoning_parser", "deepseek_r1")
     yield openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     assert srv.stop() == 0
 
