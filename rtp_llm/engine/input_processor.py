@@ -82,10 +82,14 @@ class InputProcessor:
             raise RequestRejected(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
         task = "generate" if pooling is None else pooling.task
         if task not in self.limits.tasks:
-            why = ("it runs --runner pooling" if task == "generate" else "start it with --runner pooling"
-                   if "generate" in self.limits.tasks else "embeddings need a base or causal model"
-                   if task == "embed" else "scores need a cross-encoder (*ForSequenceClassification) or "
-                   "classifier_from_token")
+            if task == "generate":
+                why = "it runs --runner pooling"
+            elif "generate" in self.limits.tasks:
+                why = "start it with --runner pooling"
+            elif task == "embed":
+                why = "embeddings need a base or causal model"
+            else:
+                why = "scores need a cross-encoder (*ForSequenceClassification) or classifier_from_token"
             raise RequestRejected(f"this engine answers {', '.join(self.limits.tasks)}, not {task} ({why})",
                                   param="model")
         if pooling is not None:

@@ -186,9 +186,10 @@ class Scheduler:
             if len(self.running) + forks + need > self.max_num_seqs and self.running:
                 break
             lora = s.request.lora_id
-            if lora and lora not in {x.request.lora_id for x in self.running} and len(
-                    {x.request.lora_id for x in self.running} - {0}) >= self.max_loras:
-                break  # a step holds at most max_loras adapters: this one waits for a slot
+            if lora:
+                running = {x.request.lora_id for x in self.running} - {0}
+                if lora not in running and len(running) >= self.max_loras:
+                    break  # a step holds at most max_loras adapters: this one waits for a slot
             tokens = np.asarray(s.all_tokens(), dtype=np.int32)
             # a cached position has no logits, nor hidden states to pool
             reuse = not (s.index == 0 and s.request.needs_prompt_logprobs) and s.request.pooling is None

@@ -33,7 +33,7 @@ class LoadLoRARequest(ApiRequest):
 
 class UnloadLoRARequest(ApiRequest):
     lora_name: str
-    lora_int_id: Optional[int] = None  # vLLM's clients may send it; the name decides
+    lora_int_id: Optional[int] = None  # vLLM's clients may send it: it must be the named adapter's
 
 
 class LoRARegistry:
@@ -63,9 +63,14 @@ class LoRARegistry:
         return f"Success: LoRA adapter '{name}' added successfully."
 
     def unload(self, body: UnloadLoRARequest, engine) -> str:
-        if self.adapters.pop(body.lora_name, None) is None:
+        found = self.adapters.get(body.lora_name)
+        if found is None:
             raise APIError(404, f"no LoRA adapter named {body.lora_name!r} is loaded", param="lora_name",
                            code="not_found")
+        if body.lora_int_id is not None and body.lora_int_id != found.lora_int_id:
+            raise APIError(400, f"lora_int_id {body.lora_int_id} is not {body.lora_name!r}'s ({found.lora_int_id})",
+                           param="lora_int_id")
+        del self.adapters[body.lora_name]
         engine.unload_lora(body.lora_name)  # forgotten there once its running requests are done
         return f"Success: LoRA adapter '{body.lora_name}' removed successfully."
 

@@ -83,6 +83,8 @@ def test_adapters_load_and_unload_at_run_time(setup):
     assert complete(srv, "b").json()["choices"][0]["token_ids"] == want["b"]
     assert complete(srv, "a").json()["choices"][0]["token_ids"] == want["a"]
     assert "b" in {m["id"] for m in httpx.get(srv.url + "/v1/models").json()["data"]}
+    wrong = httpx.post(srv.url + "/v1/unload_lora_adapter", json={"lora_name": "b", "lora_int_id": 99})
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "lora_int_id"
     r = httpx.post(srv.url + "/v1/unload_lora_adapter", json={"lora_name": "b"})
     assert r.status_code == 200 and "removed" in r.text
     gone = complete(srv, "b")
