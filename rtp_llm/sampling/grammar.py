@@ -27,8 +27,8 @@ _CACHE_SIZE = 256
 _PARAM = "structured_outputs"  # the server renames it to the field the request used
 # Whitespace between JSON tokens: a space, or a newline and an indent of at most 20 (llama.cpp's json-schema rule).
 # Unbounded whitespace lets a weak model fill max_tokens with blanks inside a valid document.
-_JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})"}
-JSON_WHITESPACE = _JSON_OPTIONS  # for %json blocks a route writes into a Lark grammar
+# Also the x-guidance of the %json blocks a route writes into a Lark grammar (serving_chat.calls_or_answer).
+JSON_WHITESPACE = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})"}
 _COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
@@ -37,7 +37,7 @@ def grammar_source(so: StructuredOutputs) -> str:
     import llguidance as llg
 
     kind = so.kind
-    options = _COMPACT_JSON if so.disable_any_whitespace else _JSON_OPTIONS
+    options = _COMPACT_JSON if so.disable_any_whitespace else JSON_WHITESPACE
     if kind == "json":
         schema = so.json
         if isinstance(schema, str):

@@ -18,9 +18,8 @@ from rtp_llm.server.serving import Server
 
 
 async def _pool(srv: Server, request: Request, prompts: list, pooling: PoolingParams, rid: str, user) -> list:
-    names = {"dimensions": "dimensions"}
     streams = await srv.submit(request, prompts, [None] * len(prompts), [f"{rid}-{i}" for i in range(len(prompts))],
-                               user, names, pooling)
+                               user, pooling=pooling)
     return await srv.collect(request, streams)
 
 
