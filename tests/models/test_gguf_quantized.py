@@ -243,28 +243,25 @@ def test_the_quantization_setting_takes_auto_none_or_int8_only(tiny):
 
 
 def test_an_engine_load_parses_its_gguf_once_and_keeps_nothing(tmp_path, monkeypatch):
-    # gguf parses a file's whole metadata when it opens it (~10 s for a Qwen vocabulary): the config, the memory
-    # plan, the weights and the tokenizer share one reader during the load, and none is kept after it (a kept
-    # reader would keep the file's pages mapped).
-    import gguf
-
+    # the config, the memory plan, the weights and the tokenizer share one parse of the header during the load, and
+    # nothing is kept after it (a kept reader would keep the file's pages mapped).
     from rtp_llm.models import gguf_reader
 
     path = write_tiny_gguf(str(tmp_path / "tiny_Q8_0.gguf"), "Q8_0", seed=0)
     opened = []
+    parse = gguf_reader._parse
 
-    class CountingReader(gguf.GGUFReader):
-        def __init__(self, p, *args, **kwargs):
-            opened.append(p)
-            super().__init__(p, *args, **kwargs)
+    def counting_parse(p, *args):
+        opened.append(p)
+        return parse(p, *args)
 
-    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    monkeypatch.setattr(gguf_reader, "_parse", counting_parse)
     with LLM(path, num_blocks=16, max_model_len=64) as llm:
         out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True), use_tqdm=False)
         assert len(out[0].outputs[0].token_ids) == 2
     assert opened == [path]
     assert getattr(gguf_reader._shared, "files", None) is None
-    gguf_reader.open_gguf(path)  # outside an engine load: a fresh reader every time
+    gguf_reader.open_gguf(path)  # outside an engine load: a fresh parse every time
     gguf_reader.open_gguf(path)
     assert len(opened) == 3
 

@@ -5,6 +5,8 @@ fp16 scales are set so that the weights have the size of the others'."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 LAYERS = 2
@@ -41,21 +43,30 @@ VOCAB_FIELDS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggm
                 "tokenizer.ggml.scores", "tokenizer.chat_template")
 
 
+@functools.lru_cache(maxsize=1)
+def _default_tokenizer_fields() -> dict:
+    """The default model's tokenizer.* fields as (value, gguf types): gguf's reader takes seconds over its vocabulary,
+    so a test process parses it once."""
+    import gguf
+
+    from rtp_llm.models.default_model import default_model_path
+
+    src = gguf.GGUFReader(default_model_path())
+    return {k: (f.contents(), list(f.types)) for k, f in src.fields.items() if k.startswith("tokenizer.")}
+
+
 def write_tiny_gguf(path: str, fmt: str, seed: int = 0, head_dim_64: bool = False, with_vocab: bool = True,
                     overrides: dict[str, str] | None = None) -> str:
     """overrides: a 32-element format for some of each layer's matrices by GGUF name ({"attn_v": "Q8_0"}, as
     llama.cpp's k-quant mixes write them)."""
     import gguf
 
-    from rtp_llm.models.default_model import default_model_path
-
-    src = gguf.GGUFReader(default_model_path())
-    vocab = len(src.fields["tokenizer.ggml.tokens"].contents())
+    fields = _default_tokenizer_fields()
+    vocab = len(fields["tokenizer.ggml.tokens"][0])
     w = gguf.GGUFWriter(path, "llama")
-    for key, field in src.fields.items():  # the tokenizer and its chat template, as stored
-        if key.startswith("tokenizer.") and (with_vocab or key not in VOCAB_FIELDS):
-            types = field.types
-            w.add_key_value(key, field.contents(), types[0], types[-1] if len(types) > 1 else None)
+    for key, (value, types) in fields.items():  # the tokenizer and its chat template, as stored
+        if with_vocab or key not in VOCAB_FIELDS:
+            w.add_key_value(key, value, types[0], types[-1] if len(types) > 1 else None)
     HIDDEN, HEADS, KV_HEADS, INTER = dims(fmt, head_dim_64)
     head_dim = HIDDEN // HEADS
     w.add_block_count(LAYERS)
