@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Builds the CANN custom-operator package for Bazel, through CANN's own op-package flow.
 #
-#   build_for_bazel.sh OUT_DIR 'op1;op2' SOC
+#   build_for_bazel.sh OUT_DIR 'op1;op2' 'soc1;soc2'
 #
-# 1. finds CANN (ASCEND_HOME_PATH, then ASCEND_OPP_PATH's toolkit, then the default install path) and
-#    sources its environment; checks for msopgen, bisheng, cmake and python3;
+# 1. finds CANN (ASCEND_HOME_PATH, ASCEND_TOOLKIT_PATH, ASCEND_OPP_PATH's toolkit, then the default install paths:
+#    root's /usr/local/Ascend and a user's $HOME/Ascend) and sources its environment; checks for msopgen, bisheng,
+#    cmake and python3 (the one CANN's set_env.sh puts first on PATH, not necessarily /usr/bin's);
 # 2. `msopgen gen` lays out the op-package project (CMakeLists.txt, CMakePresets.json, build.sh, cmake/,
 #    op_host/, op_kernel/, scripts/) from the operators' <op>/<op>.json descriptions;
 # 3. this project's op_host / op_kernel sources replace the generated stubs, CMakePresets.json's values
-#    are merged in (with the CANN path, SOC and vendor), and host code is compiled as C++17 (CANN's
+#    are merged in (with the CANN path, every SOC and vendor), and host code is compiled as C++17 (CANN's
 #    opbase headers need it; the template says -std=c++11);
 # 4. the project's build.sh runs op_build (the aclnn wrapper, op proto and ops-info generated from OpDef),
 #    compiles one kernel per tiling key and packs custom_opp_<os>_<arch>.run, which is installed here;
@@ -21,12 +22,15 @@ die() {
   exit 1
 }
 
-[ $# -eq 3 ] || die "usage: build_for_bazel.sh OUT_DIR 'op1;op2' SOC"
+[ $# -eq 3 ] || die "usage: build_for_bazel.sh OUT_DIR 'op1;op2' 'soc1;soc2'"
 OUT_DIR=$1
 OPS=$2
-SOC=$3
+SOCS=$3
+IFS=';' read -r -a soc_list <<<"$SOCS"
+[ ${#soc_list[@]} -gt 0 ] || die "no SOC given (e.g. 'ascend910b;ascend910_93')"
 PROJECT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-DEFAULT_CANN=/usr/local/Ascend/ascend-toolkit/latest
+DEFAULT_CANNS=(/usr/local/Ascend/ascend-toolkit/latest)
+[ -n "${HOME:-}" ] && DEFAULT_CANNS+=("${HOME}/Ascend/ascend-toolkit/latest")
 VENDOR=${ASCEND_VENDOR_NAME:-customize}
 
 # 1. CANN and its tools
@@ -36,15 +40,20 @@ if [ -n "${ASCEND_HOME_PATH:-}" ]; then
   tried+=("ASCEND_HOME_PATH=${ASCEND_HOME_PATH}")
   [ -d "${ASCEND_HOME_PATH}" ] && CANN=${ASCEND_HOME_PATH}
 fi
+if [ -z "$CANN" ] && [ -n "${ASCEND_TOOLKIT_PATH:-}" ]; then
+  tried+=("ASCEND_TOOLKIT_PATH=${ASCEND_TOOLKIT_PATH}")
+  [ -d "${ASCEND_TOOLKIT_PATH}" ] && CANN=${ASCEND_TOOLKIT_PATH}
+fi
 if [ -z "$CANN" ] && [ -n "${ASCEND_OPP_PATH:-}" ]; then
   tried+=("ASCEND_OPP_PATH=${ASCEND_OPP_PATH} (its parent)")
   candidate=$(dirname "${ASCEND_OPP_PATH}")
   [ -d "$candidate" ] && CANN=$candidate
 fi
-if [ -z "$CANN" ]; then
-  tried+=("${DEFAULT_CANN}")
-  [ -d "${DEFAULT_CANN}" ] && CANN=${DEFAULT_CANN}
-fi
+for candidate in "${DEFAULT_CANNS[@]}"; do
+  [ -z "$CANN" ] || break
+  tried+=("$candidate")
+  [ -d "$candidate" ] && CANN=$candidate
+done
 [ -n "$CANN" ] || die "CANN not found (tried: ${tried[*]}). Install the CANN toolkit, or set ASCEND_HOME_PATH."
 echo "build_for_bazel.sh: CANN at ${CANN}"
 
@@ -93,7 +102,8 @@ import json, sys
 ops = [entry for path in sys.argv[2:] for entry in json.load(open(path))]
 json.dump(ops, open(sys.argv[1], "w"), indent=2)
 PY
-"$MSOPGEN" gen -i "${OUT_DIR}/ops.json" -f pytorch -c "ai_core-${SOC}" -lan cpp -out "$GEN"
+# the project's layout does not depend on the SOC: generate it for the first, build for all (ASCEND_COMPUTE_UNIT)
+"$MSOPGEN" gen -i "${OUT_DIR}/ops.json" -f pytorch -c "ai_core-${soc_list[0]}" -lan cpp -out "$GEN"
 for f in build.sh CMakePresets.json op_host op_kernel cmake; do
   [ -e "${GEN}/${f}" ] || die "msopgen generated no ${f} in ${GEN}"
 done
@@ -104,7 +114,7 @@ for op in "${op_list[@]}"; do
   cp -f "${PROJECT_DIR}/${op}/op_host/"* "${GEN}/op_host/"
   cp -f "${PROJECT_DIR}/${op}/op_kernel/"* "${GEN}/op_kernel/"
 done
-python3 - "${GEN}/CMakePresets.json" "${PROJECT_DIR}/CMakePresets.json" "$CANN" "$SOC" "$VENDOR" <<'PY'
+python3 - "${GEN}/CMakePresets.json" "${PROJECT_DIR}/CMakePresets.json" "$CANN" "$SOCS" "$VENDOR" <<'PY'
 import json, sys
 generated, ours, cann, soc, vendor = sys.argv[1:]
 presets = json.load(open(generated))
@@ -139,4 +149,4 @@ for lib in libcust_opapi.so libcust_opsproto_rt2.0.so libcust_opmaster_rt2.0.so;
   cp -f "$found" "${OUT_DIR}/lib/${lib}"
 done
 tar -C "${INSTALL_DIR}/vendors" -cf "${OUT_DIR}/opp.tar" "$VENDOR"
-echo "build_for_bazel.sh: ${OPS} for ${SOC} -> ${OUT_DIR}/lib and ${OUT_DIR}/opp.tar"
+echo "build_for_bazel.sh: ${OPS} for ${SOCS} -> ${OUT_DIR}/lib and ${OUT_DIR}/opp.tar"

@@ -1,12 +1,24 @@
 """Configures the Huawei CANN toolkit for --config=ascend.
 
 TF_NEED_ASCEND != "1": a stub repository whose targets are incompatible with every platform, so
-`bazel build //...` on CPU/CUDA skips Ascend-only targets. TF_NEED_ASCEND == "1": the toolkit at
-ASCEND_TOOLKIT_PATH (default /usr/local/Ascend/ascend-toolkit/latest) must hold include/acl/acl.h
-and lib64/libascendcl.so, else the build stops at once with a message that says what is missing.
+`bazel build //...` on CPU/CUDA skips Ascend-only targets. TF_NEED_ASCEND == "1": the toolkit, found as
+ASCEND_TOOLKIT_PATH, else what CANN's set_env.sh exports (ASCEND_HOME_PATH, ASCEND_TOOLKIT_HOME), else the
+root install /usr/local/Ascend/ascend-toolkit/latest, else a user's $HOME/Ascend/ascend-toolkit/latest, must
+hold include/acl/acl.h and lib64/libascendcl.so, else the build stops at once with a message that says what
+is missing. The path found is ASCEND_TOOLKIT_PATH in build_defs.bzl: the custom-operator build gets it from there.
 """
 
 _DEFAULT_TOOLKIT = "/usr/local/Ascend/ascend-toolkit/latest"
+_ENV_TOOLKIT = ["ASCEND_TOOLKIT_PATH", "ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"]
+
+def _find_toolkit(ctx):
+    for var in _ENV_TOOLKIT:
+        if ctx.os.environ.get(var):
+            return ctx.os.environ[var]
+    home = ctx.os.environ.get("HOME", "")
+    if not ctx.path(_DEFAULT_TOOLKIT).exists and home and ctx.path(home + "/Ascend/ascend-toolkit/latest").exists:
+        return home + "/Ascend/ascend-toolkit/latest"
+    return _DEFAULT_TOOLKIT
 
 _REQUIRED = ["include/acl/acl.h", "lib64/libascendcl.so"]
 
@@ -44,7 +56,7 @@ def _ascend_configure_impl(ctx):
     if ctx.os.environ.get("TF_NEED_ASCEND", "0") != "1":
         _stub(ctx)
         return
-    toolkit = ctx.os.environ.get("ASCEND_TOOLKIT_PATH") or _DEFAULT_TOOLKIT
+    toolkit = _find_toolkit(ctx)
     missing = [f for f in _REQUIRED if not ctx.path(toolkit + "/" + f).exists]
     if missing:
         fail(("\n--config=ascend needs the Huawei CANN toolkit, but %s is missing %s.\n" +
@@ -104,6 +116,6 @@ cc_library(
 
 ascend_configure = repository_rule(
     implementation = _ascend_configure_impl,
-    environ = ["TF_NEED_ASCEND", "ASCEND_TOOLKIT_PATH", "PYTHON_BIN_PATH"],
+    environ = ["TF_NEED_ASCEND", "PYTHON_BIN_PATH", "HOME"] + _ENV_TOOLKIT,
     local = True,
 )

@@ -7,6 +7,7 @@ These run Bazel themselves, so they run outside `bazel test` (scripts/test.sh ru
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,31 @@ def test_cpu_build_skips_ascend_only_targets():
     out = bazel("info", "--config=cpu", "bazel-bin").stdout.strip()
     assert not (Path(out) / "rtp_llm" / "cpp" / "ascend" / "libascend_bridge.so").exists()
     assert (Path(out) / "rtp_llm" / "_C.so").exists()
+
+
+def test_the_custom_operator_rule_builds_through_bazel_with_cann_outside_the_default_path(tmp_path):
+    """The genrule //aclnn_custom_ops:custom_ops_build under --config=ascend, CANN found only through the
+    ASCEND_HOME_PATH its set_env.sh exports (no --repo_env): the repository rule finds it, the rule's script gets the
+    same path, and CANN's Python tools run under the shell's python3 (PATH kept), not /usr/bin's."""
+    from tests.build.test_build_for_bazel import FAKE_BUILD_SH, fake_cann
+
+    cann = make_fake_cann(fake_cann(tmp_path / "opt" / "cann" / "latest", marker="bazel"))
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    log = tmp_path / "tool.log"
+    (tools / "cmake").write_text("#!/bin/sh\nexit 0\n")
+    (tools / "python3").write_text(f"#!/bin/sh\necho python3-from-PATH >> {log}\nexec {sys.executable} \"$@\"\n")
+    for tool in ("cmake", "python3"):
+        (tools / tool).chmod(0o755)
+    build_sh = tmp_path / "fake_build.sh"
+    build_sh.write_text(FAKE_BUILD_SH)
+    env = {"ASCEND_HOME_PATH": str(cann), "PATH": f"{tools}:{os.environ['PATH']}"}
+    res = bazel("build", "--config=ascend", f"--action_env=TOOL_LOG={log}", f"--action_env=FAKE_BUILD_SH={build_sh}",
+                "//aclnn_custom_ops:custom_ops_build", env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    text = log.read_text()
+    assert "msopgen gen" in text and "python3-from-PATH" in text and "build.sh env FAKE_CANN_ENV=bazel" in text
+    assert '"ASCEND_COMPUTE_UNIT": {"type": "STRING", "value": "ascend910b;ascend910_93"}' in text
+    out = bazel("info", "--config=ascend", "bazel-bin", env=env).stdout.strip()
+    for lib in ("libcust_opapi.so", "libcust_opsproto_rt2.0.so", "libcust_opmaster_rt2.0.so"):
+        assert (Path(out) / "aclnn_custom_ops" / "lib" / lib).is_file()

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "aclnn_custom_ops"
 SCRIPT = PKG / "build_for_bazel.sh"
 OP = "apply_top_k_top_p_custom"
+SOCS = "ascend910b;ascend910_93"  # Atlas A2 and A3, as aclnn_custom_ops/BUILD passes them
 
 # A stand-in msopgen: lays out the op-package project the way `msopgen gen ... -lan cpp` does (template
 # presets, a cmake/intf.cmake compiling host code as C++11, generated stubs in op_host / op_kernel), and a
@@ -103,7 +104,7 @@ def run(tmp_path, env_over, ops=OP, with_cmake=True):
     env = {"PATH": str(tools), "TOOL_LOG": str(log), "FAKE_BUILD_SH": str(build_sh), "HOME": str(tmp_path)}
     env.update(env_over)
     out = tmp_path / "out"
-    res = subprocess.run(["bash", str(SCRIPT), str(out), ops, "ascend910b"], env=env, capture_output=True, text=True,
+    res = subprocess.run(["bash", str(SCRIPT), str(out), ops, SOCS], env=env, capture_output=True, text=True,
                          timeout=120)
     text = log.read_text() if log.exists() else ""
     if log.exists():
@@ -119,7 +120,7 @@ def test_op_package_flow_builds_and_collects_outputs(tmp_path):
         assert (out / "lib" / lib).is_file()
     with tarfile.open(out / "opp.tar") as tar:
         assert "customize/op_api/lib/libcust_opapi.so" in tar.getnames()
-    # msopgen generated the project for this SOC from the op's description
+    # msopgen generated the project (for the first SOC: its layout is the same for both) from the op's description
     gen = next(line for line in log.splitlines() if line.startswith("msopgen "))
     assert "-c ai_core-ascend910b" in gen and "-lan cpp" in gen
     assert json.loads((out / "ops.json").read_text()) == json.loads((PKG / OP / f"{OP}.json").read_text())
@@ -132,7 +133,7 @@ def test_op_package_flow_builds_and_collects_outputs(tmp_path):
     assert "build.sh host std: -std=c++17" in log and "-std=c++11" not in log
     presets = json.loads(next(line for line in log.splitlines() if line.startswith("build.sh presets "))[17:])
     assert presets["ASCEND_CANN_PACKAGE_PATH"]["value"] == str(cann)
-    assert presets["ASCEND_COMPUTE_UNIT"]["value"] == "ascend910b"
+    assert presets["ASCEND_COMPUTE_UNIT"]["value"] == "ascend910b;ascend910_93"  # kernels for A2 and A3
     assert presets["ENABLE_SOURCE_PACKAGE"]["value"] == "False"
     assert presets["vendor_name"]["value"] == "customize"
     assert "build.sh env FAKE_CANN_ENV=toolkit" in log
@@ -158,11 +159,21 @@ def test_discovery_order(tmp_path):
     assert res.returncode == 0 and f"CANN at {opp_toolkit}" in res.stdout and "FAKE_CANN_ENV=opp" in log
 
 
+def test_toolkit_path_and_a_users_home_install_are_found(tmp_path):
+    tk = fake_cann(tmp_path / "tk", marker="tk")
+    res, _, log = run(tmp_path, {"ASCEND_TOOLKIT_PATH": str(tk)})
+    assert res.returncode == 0 and f"CANN at {tk}" in res.stdout and "FAKE_CANN_ENV=tk" in log
+    # a non-root install (CANN's installer without root puts it under $HOME/Ascend); run() sets HOME = tmp_path
+    user = fake_cann(tmp_path / "Ascend" / "ascend-toolkit" / "latest", marker="user")
+    res, _, log = run(tmp_path, {})
+    assert res.returncode == 0 and f"CANN at {user}" in res.stdout and "FAKE_CANN_ENV=user" in log
+
+
 def test_missing_cann_names_what_was_tried(tmp_path):
     res, _, _ = run(tmp_path, {"ASCEND_HOME_PATH": str(tmp_path / "nope"), "ASCEND_OPP_PATH": str(tmp_path / "x/opp")})
     assert res.returncode != 0
     assert "CANN not found" in res.stderr and "ASCEND_HOME_PATH=" in res.stderr and "ASCEND_OPP_PATH=" in res.stderr
-    assert "/usr/local/Ascend/ascend-toolkit/latest" in res.stderr
+    assert "/usr/local/Ascend/ascend-toolkit/latest" in res.stderr and f"{tmp_path}/Ascend/ascend-toolkit/latest" in res.stderr
 
 
 @pytest.mark.parametrize("case,needle", [

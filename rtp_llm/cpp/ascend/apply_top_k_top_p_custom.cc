@@ -16,16 +16,21 @@ at::Tensor apply_top_k_top_p_custom(const at::Tensor& logits, const c10::optiona
     auto sorted = at::sort(logits.contiguous(), /*stable=*/true, /*dim=*/-1, /*descending=*/false);
     at::Tensor values = std::get<0>(sorted);
     at::Tensor indices = std::get<1>(sorted).to(at::kInt);
-    at::Tensor out = at::empty_like(logits);
+    at::Tensor out = at::empty(logits.sizes(), logits.options());  // contiguous, whatever the logits' strides
     EXEC_NPU_CMD(aclnnApplyTopKTopPCustom, values, indices, p, k, out);
     return out;
 }
+
+// The entry points of an aclnn operator that no library on ASCEND_CUSTOM_OPP_PATH / CANN defines, asked once at
+// load: another package's path (vllm-ascend sets it too) must not turn into an exception mid-request.
+std::vector<std::string> missing_op_api_symbols(const std::string& api) { return op_api_libraries().missing(api); }
 
 }  // namespace ascend
 }  // namespace rtp_llm
 
 TORCH_LIBRARY(rtp_llm_npu, m) {
     m.def("apply_top_k_top_p_custom(Tensor logits, Tensor? p, Tensor? k) -> Tensor");
+    m.def("missing_op_api_symbols(str api) -> str[]", &rtp_llm::ascend::missing_op_api_symbols);
 }
 
 TORCH_LIBRARY_IMPL(rtp_llm_npu, PrivateUse1, m) {

@@ -1,10 +1,7 @@
 // Calling aclnn operators from C++ without linking them: EXEC_NPU_CMD(aclnnX, args...).
 //
 // Nothing of CANN's operator stack is linked (torch_npu does not link libopapi / libnnopbase either):
-// every function comes from dlopen/dlsym, from the first library that defines it, in this order:
-//   1. each entry of ASCEND_CUSTOM_OPP_PATH (':'-separated, earlier wins): <entry>/op_api/lib/libcust_opapi.so
-//      (this project's AscendC operators, see aclnn_custom_ops/);
-//   2. libopapi.so (CANN's aclnn operators), 3. libnnopbase.so (aclCreateTensor and the other meta calls).
+// every function comes from dlopen/dlsym, from the first library that defines it (op_api_symbols.h).
 // aclnnXGetWorkspaceSize(args..., &workspace_size, &executor) runs on the calling thread; the launch
 // aclnnX(workspace, size, executor, stream) is submitted through torch_npu's task queue
 // (OpCommand::RunOpApiV2, as op-plugin does), so it runs after the queued ops that produce its inputs.
@@ -15,14 +12,10 @@
 #include <dlfcn.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
-#include <mutex>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <tuple>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -31,6 +24,8 @@
 
 #include "torch_npu/csrc/core/npu/NPUStream.h"
 #include "torch_npu/csrc/framework/OpCommand.h"
+
+#include "rtp_llm/cpp/ascend/op_api_symbols.h"
 
 // Opaque aclnn meta types (CANN's aclnn/acl_meta.h declares the same names; it is not shipped with torch_npu).
 typedef struct aclOpExecutor aclOpExecutor;
@@ -49,37 +44,13 @@ using AclCreateIntArray = aclIntArray* (*)(const int64_t* value, uint64_t size);
 using AclDestroyIntArray = int (*)(const aclIntArray*);
 using AclnnLaunch = int (*)(void* workspace, uint64_t workspace_size, aclOpExecutor* executor, aclrtStream stream);
 
-inline std::vector<void*> open_op_api_libraries() {
-    std::vector<void*> handles;
-    if (const char* paths = std::getenv("ASCEND_CUSTOM_OPP_PATH")) {
-        std::stringstream ss(paths);
-        std::string entry;
-        while (std::getline(ss, entry, ':')) {
-            if (entry.empty()) continue;
-            const std::string lib = entry + "/op_api/lib/libcust_opapi.so";
-            if (void* h = dlopen(lib.c_str(), RTLD_LAZY | RTLD_GLOBAL)) handles.push_back(h);
-        }
-    }
-    for (const char* lib : {"libopapi.so", "libnnopbase.so"}) {
-        if (void* h = dlopen(lib, RTLD_LAZY | RTLD_GLOBAL)) handles.push_back(h);
-    }
-    return handles;
-}
-
-// The first library that defines `name` wins; nullptr when none does. Lookups are cached.
-inline void* op_api_symbol(const std::string& name) {
-    static std::mutex mu;
-    static const std::vector<void*> handles = open_op_api_libraries();
-    static std::unordered_map<std::string, void*> cache;
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = cache.find(name);
-    if (it != cache.end()) return it->second;
-    void* found = nullptr;
-    for (void* h : handles) {
-        if ((found = dlsym(h, name.c_str())) != nullptr) break;
-    }
-    cache.emplace(name, found);
-    return found;
+// aclGetRecentErrMsg from the ACL runtime torch_npu has loaded (looked up, not linked: the bridge links nothing of
+// CANN), for the device's own account of a failure.
+inline std::string recent_acl_error() {
+    using GetMsg = const char* (*)();
+    static const auto get = reinterpret_cast<GetMsg>(dlsym(RTLD_DEFAULT, "aclGetRecentErrMsg"));
+    const char* msg = get ? get() : nullptr;
+    return msg && *msg ? std::string("; CANN: ") + msg : std::string();
 }
 
 template <typename Fn>
@@ -152,7 +123,8 @@ void exec_npu_cmd(const char* api, const Args&... args) {
     int ret = std::apply([&](auto&... c) { return get_ws(c..., &workspace_size, &executor); }, *converted);
     if (ret != 0) {
         release_all(*converted);
-        throw std::runtime_error(name + "GetWorkspaceSize failed with aclnn status " + std::to_string(ret));
+        throw std::runtime_error(name + "GetWorkspaceSize failed with aclnn status " + std::to_string(ret) +
+                                 recent_acl_error());
     }
     at::Tensor workspace;  // from torch's caching allocator on the current NPU; kept alive by the launch
     if (workspace_size > 0) {

@@ -15,6 +15,7 @@ import torch
 from rtp_llm.device.attention import TorchRefAttention
 from rtp_llm.device.base import Device
 from rtp_llm.config.model_config import parse_dtype
+from rtp_llm.device.npu import versions
 from rtp_llm.device.npu.attention import AscendAttention
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,10 @@ def npu_status() -> tuple[bool, str]:
     npu = getattr(torch, "npu", None)
     if npu is None or not npu.is_available():
         return False, "torch_npu loads but sees no NPU (check npu-smi info and ASCEND_RT_VISIBLE_DEVICES)"
+    installed = getattr(torch_npu, "__version__", "")
+    if not getattr(torch_npu, "EMULATED", False) and installed.split("+")[0] != versions.TORCH_NPU:
+        log.warning("npu: torch_npu %s is installed; rtp-llm's NPU path is checked against torch_npu %s (torch %s), "
+                    "see rtp_llm/device/npu/versions.py", installed, versions.TORCH_NPU, versions.TORCH)
     return True, ""
 
 
@@ -44,9 +49,10 @@ class NpuDevice(Device):
     # num_speculative_tokens + 1 <= 16).
     max_decode_query_tokens = 16
     VALID_BLOCK_SIZES = (128, 256, 384, 512)
-    # npu_fused_infer_attention_score takes float16 / bfloat16 (or int8) queries, no float32 (torch_npu 2.13
-    # op-plugin docs, query), and its KV cache in the query's dtype: the whole model runs in one of these.
-    DTYPES = (torch.bfloat16, torch.float16)
+    # The fused attention in TND layout with a block table runs CANN's prompt-flash tiling, which takes bfloat16 only
+    # ("When layout is TND, inputDataType should be bf16": ops-transformer prompt_flash_attention_tiling.cpp) and no
+    # float32 (torch_npu 2.13 docs): on Atlas A2/A3 the whole model, its activations and the KV cache run in bfloat16.
+    DTYPES = (torch.bfloat16,)
 
     @classmethod
     def available(cls):
@@ -70,15 +76,15 @@ class NpuDevice(Device):
 
     def model_dtype(self, requested, stored: torch.dtype) -> torch.dtype:
         if requested in (None, "auto"):
-            if stored in self.DTYPES:
-                return stored
-            log.info("npu: the checkpoint's weights load as %s; the model, its activations and the KV cache run in "
-                     "bfloat16 (cast at load: the fused attention takes float16/bfloat16 only)", stored)
+            if stored != torch.bfloat16:
+                log.info("npu: the checkpoint's weights load as %s; the model, its activations and the KV cache run in "
+                         "bfloat16 (cast at load: the fused attention in TND layout takes bfloat16 only)", stored)
             return torch.bfloat16
         dtype = parse_dtype(requested)
         if dtype not in self.DTYPES:
-            raise ValueError(f"--dtype {requested}: the NPU runs bfloat16 or float16 (npu_fused_infer_attention_score "
-                             f"takes no float32); use --dtype bfloat16, float16 or auto")
+            raise ValueError(f"--dtype {requested}: the NPU (Atlas A2/A3) runs bfloat16 only: the fused attention in TND "
+                             "layout takes bfloat16 queries (CANN's prompt-flash tiling refuses float16, and float32 "
+                             "is no input dtype of it); use --dtype bfloat16 or auto")
         return dtype
 
     def validate_block_size(self, block_size: int) -> None:

@@ -22,10 +22,6 @@ import torch
 
 log = logging.getLogger(__name__)
 
-# npu_moe_token_unpermute documents bfloat16 tokens and probs only
-UNPERMUTE_DTYPES = (torch.bfloat16,)
-
-
 class NpuExperts:
     """One layer's experts stacked for npu_grouped_matmul."""
 

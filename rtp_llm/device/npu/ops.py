@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from rtp_llm.device.npu import moe
 from rtp_llm.device.npu.quant_linear import NpuQuantLinear
-from rtp_llm.device.torch_ops import TorchLinear, TorchOps, apply_top_k_top_p
+from rtp_llm.device.torch_ops import TorchLinear, TorchOps
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +31,17 @@ def load_custom_top_k_top_p():
         return None
     try:
         torch.ops.load_library(lib)
-        return torch.ops.rtp_llm_npu.apply_top_k_top_p_custom
+        # resolved now, not at the first sampled step: ASCEND_CUSTOM_OPP_PATH may name another package only
+        missing = torch.ops.rtp_llm_npu.missing_op_api_symbols("aclnnApplyTopKTopPCustom")
     except (OSError, RuntimeError) as exc:
         log.warning("cannot load %s (%s); using torch_npu.npu_top_k_top_p", lib, exc)
         return None
+    if missing:
+        log.warning("ASCEND_CUSTOM_OPP_PATH=%s has no package defining %s (rtp-llm's package is not installed "
+                    "there); using torch_npu.npu_top_k_top_p", os.environ["ASCEND_CUSTOM_OPP_PATH"],
+                    ", ".join(missing))
+        return None
+    return torch.ops.rtp_llm_npu.apply_top_k_top_p_custom
 
 
 class NpuOps(TorchOps):
@@ -42,7 +49,7 @@ class NpuOps(TorchOps):
     # GGUF formats kept quantized (npu_weight_quant_batchmatmul through QuantizedWeight.int_groups: Q6_K's 16-element
     # sub-blocks are below the op's smallest group), with the op's activation dtypes.
     quantized_formats = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K")
-    quantized_dtypes = (torch.bfloat16, torch.float16)
+    quantized_dtypes = (torch.bfloat16,)
 
     def __init__(self):
         import torch_npu
@@ -89,21 +96,26 @@ class NpuOps(TorchOps):
             return lambda ids: F.embedding(ids, like)
 
     def prepare_moe(self, block) -> None:
-        if block.router.weight.dtype in moe.UNPERMUTE_DTYPES:
-            moe.prepare(block)
+        moe.prepare(block)  # the model is bfloat16 (NpuDevice.DTYPES), the dtype npu_moe_token_unpermute takes
 
     def route(self, logits, top_k, renormalize, weights_dtype):
         return moe.route(self.torch_npu, logits, top_k, renormalize, weights_dtype)
 
     def moe_experts(self, h, weights, ids, block):
-        if getattr(block, "npu_experts", None) is None:  # float16 models: the expert loop on torch ops
-            return super().moe_experts(h, weights, ids, block)
         return moe.experts(self.torch_npu, h, weights, ids, block.npu_experts)
 
     def rms_norm(self, x, weight, eps):
         return self.torch_npu.npu_rms_norm(x, weight, eps)[0]
 
+    # AddRmsNorm's tiling picks its kernel by rows per vector core; above this hidden size a bf16 batch with more rows
+    # than cores gets the kernel that normalises the unrounded float32 sum, a smaller batch the rounded one (ops-nn
+    # add_rms_norm_tiling.cpp, SMALL_REDUCE_NUM): a row's output would depend on the batch.
+    FUSED_ADD_RMS_NORM_MAX_HIDDEN = 2000
+
     def add_rms_norm(self, x, residual, weight, eps):
+        if x.dtype == torch.bfloat16 and -(-x.shape[-1] // 16) * 16 > self.FUSED_ADD_RMS_NORM_MAX_HIDDEN:
+            s = x + residual  # rounded to bf16 once, as the fused kernel writes its x
+            return self.rms_norm(s, weight, eps), s
         y, _, s = self.torch_npu.npu_add_rms_norm(x, residual, weight, eps)
         return y, s
 
@@ -117,38 +129,13 @@ class NpuOps(TorchOps):
     def silu_and_mul(self, gate_up):
         return self.torch_npu.npu_swiglu(gate_up, dim=-1)
 
-    # npu_top_k_top_p takes k in [1, 1024] (torch_npu 2.13 docs): no "k = vocab" for rows without top-k.
-    MAX_K = 1024
-
     def top_k_top_p(self, logits, k, p):
-        """Rows go to the operator in the documented ranges: rows with top-k (k <= 1024) with their k, rows without
-        it with k = None (top-p alone), rows with a larger k through the reference algorithm in torch ops; the
-        results are put back in row order. k: [R] (vocab or more = off), p: [R] (1 = off)."""
+        """Every row in one call, nothing copied to the host: aclnnApplyTopKTopP (behind npu_top_k_top_p) treats
+        k <= 0 or k >= vocab as no top-k (ops-nn's docs and kernel; op-plugin's binding adds no range check), which is
+        the sampler's "vocab or more = off". k: [R], p: [R] (1 = off)."""
         if k is None and p is None:
             return logits
-        if k is None:
-            return self._op(logits, p, None)
-        vocab = logits.shape[-1]
-        k_host = k.cpu()  # R ints; the logits stay on the device
-        off = k_host >= vocab
-        big = (k_host > self.MAX_K) & ~off
-        if not off.any() and not big.any():
-            return self._op(logits, p, k)
-        out = torch.empty_like(logits)
-        for rows, kind in ((~off & ~big, "k"), (off, "p"), (big, "ref")):
-            if not rows.any():
-                continue
-            idx = torch.nonzero(rows).flatten().to(logits.device)
-            rows_logits = logits.index_select(0, idx)
-            sub_p = None if p is None else p.index_select(0, idx)
-            if kind == "k":
-                part = self._op(rows_logits, sub_p, k.index_select(0, idx))
-            elif kind == "p":
-                part = rows_logits if sub_p is None else self._op(rows_logits, sub_p, None)
-            else:
-                part = apply_top_k_top_p(rows_logits, k.index_select(0, idx), sub_p)
-            out.index_copy_(0, idx, part)
-        return out
+        return self._op(logits, p, k)
 
     def _op(self, logits, p, k):
         p = None if p is None else p.to(logits.dtype)

@@ -68,11 +68,11 @@ def _fia(q, kc, vc, bt, q_lens, kv_lens, **over):
                                                      **{k: v for k, v in kw.items() if k != "key"})[0]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16])
 @pytest.mark.parametrize("D", [128, 64])
 def test_fia_matches_plain_attention_mixed_batch(dtype, D):
-    """float16/bfloat16 inputs, head dim 128 (the documented TND case) and 64 (CANN-version dependent): the
-    output is the float64 attention of those inputs up to one rounding to the 16-bit dtype."""
+    """bfloat16 inputs, head dim 128 and 64 (the TND tiling's two): the output is the float64 attention of those
+    inputs up to one rounding to bfloat16."""
     q_lens, kv_lens = [5, 1, 3], [5, 200, 131]    # a prefill, a decode, a chunk over a cached prefix
     q, kc, vc, bt = _setup(q_lens, kv_lens, D=D, dtype=dtype)
     out = _fia(q, kc, vc, bt, q_lens, kv_lens).cpu()
@@ -81,12 +81,15 @@ def test_fia_matches_plain_attention_mixed_batch(dtype, D):
     torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2 ** -7)
 
 
-def test_fia_refuses_float32_queries():
-    """FIA takes float16 / bfloat16 (or int8) queries only (torch_npu docs: query): a float32 model would fail on
-    the first real step."""
+def test_fia_refuses_float32_and_float16_queries_in_tnd():
+    """FIA takes float16 / bfloat16 (or int8) queries (torch_npu docs: query), and in TND layout with a block table
+    bfloat16 only (CANN's prompt-flash tiling): a float32 or float16 model would fail on the first real step."""
     q_lens, kv_lens = [2], [2]
     q, kc, vc, bt = _setup(q_lens, kv_lens, dtype=torch.float32)
     with pytest.raises(NPUOpError, match="query dtype torch.float32 is not supported"):
+        _fia(q, kc, vc, bt, q_lens, kv_lens)
+    q, kc, vc, bt = _setup(q_lens, kv_lens, dtype=torch.float16)
+    with pytest.raises(NPUOpError, match="When layout is TND, inputDataType should be bf16"):
         _fia(q, kc, vc, bt, q_lens, kv_lens)
 
 
@@ -139,7 +142,7 @@ def test_fia_constraints(name, over, match):
 def test_fia_rejects_head_dims_tnd_does_not_take():
     q_lens, kv_lens = [2], [2]
     q, kc, vc, bt = _setup(q_lens, kv_lens, D=32)
-    with pytest.raises(NPUOpError, match="head dim 128 \\(64 on some CANN versions\\), got 32"):
+    with pytest.raises(NPUOpError, match="must be the same and equal 128/64, got 32"):
         _fia(q, kc, vc, bt, q_lens, kv_lens)
 
 
@@ -244,10 +247,21 @@ def test_top_k_top_p_matches_the_documented_algorithm():
         assert out.cpu()[r].tolist() == pytest.approx(_plain_top_k_top_p(logits[r].tolist(), 6, 0.5))
 
 
+def test_top_k_off_is_k_outside_one_to_vocab():
+    """aclnnApplyTopKTopP (ops-nn docs and kernel): k <= 0 or k >= vocab means no top-k, and a k above 1024 is the
+    k-th value as any other; so one call serves rows with and without top-k."""
+    g = torch.Generator().manual_seed(8)
+    logits = torch.randn(5, 3000, generator=g) * 3
+    k = torch.tensor([0, -3, 3000, 4000, 2000], dtype=torch.int32)
+    p = torch.full((5,), 0.9)
+    out = torch_npu.npu_top_k_top_p(npu(logits), npu(p), npu(k)).cpu()
+    alone_p = torch_npu.npu_top_k_top_p(npu(logits), npu(p), None).cpu()
+    assert torch.equal(out[:4], alone_p[:4])  # the rows without top-k: top-p alone
+    for r, kk in ((4, 2000),):
+        assert out[r].tolist() == pytest.approx(_plain_top_k_top_p(logits[r].tolist(), kk, 0.9))
+
+
 @pytest.mark.parametrize("p,k,match", [
-    (None, [0, 1], r"k must be in \[1, 1024\]"),              # k = 0 is not "no top-k"
-    (None, [6, 7], r"<= vocab \(6\)"),                          # k = vocab + 1
-    (None, [1025, 3], r"\[1, 1024\]"),                          # past the documented range (big vocabularies)
     (None, "int64", "int32"),
     (None, None, "must not both be None"),
     ([1.5, 0.5], None, r"p must be in \[0, 1\]"),
@@ -284,9 +298,9 @@ def test_npu_sampler_picks_the_custom_operator_only_when_installed(monkeypatch, 
     assert out.tolist() == [[-math.inf, 3.0, 2.0, -math.inf]]
 
 
-def test_npu_sampler_keeps_top_k_within_the_operators_range(monkeypatch):
-    """NpuOps.top_k_top_p hands npu_top_k_top_p only k in [1, 1024]: rows without top-k (k = vocab) go with
-    k = None, rows asking for more than 1024 through the reference algorithm; every row equals the reference."""
+def test_npu_sampler_filters_every_row_in_one_call_without_a_host_copy(monkeypatch):
+    """NpuOps.top_k_top_p hands npu_top_k_top_p every row with its k (vocab = off, above 1024 as asked) in one call,
+    and nothing of k, p or the logits goes to the host; every row equals the reference."""
     from rtp_llm.device.npu.ops import NpuOps
     from rtp_llm.device.torch_ops import apply_top_k_top_p
 
@@ -295,19 +309,75 @@ def test_npu_sampler_keeps_top_k_within_the_operators_range(monkeypatch):
     g = torch.Generator().manual_seed(4)
     vocab = 3000
     logits = torch.randn(5, vocab, generator=g) * 3
-    k = torch.tensor([5, vocab, 2000, 1024, vocab])      # top-k, off, past the op's range, its limit, off
+    k = torch.tensor([5, vocab, 2000, 1024, vocab])      # top-k, off, past 1024, 1024, off
     p = torch.tensor([0.9, 0.8, 0.7, 0.5, 1.0])
     seen = []
     real = torch_npu.npu_top_k_top_p
 
     def watched(lg, pp, kk):
-        seen.append((lg.shape[0], None if kk is None else kk.cpu().tolist()))
+        seen.append(lg.shape[0])
         return real(lg, pp, kk)
 
     monkeypatch.setattr(ops.torch_npu, "npu_top_k_top_p", watched)
-    out = ops.top_k_top_p(npu(logits), npu(k), npu(p)).cpu()
-    assert torch.equal(out, apply_top_k_top_p(logits, k, p))
-    assert sorted(seen, key=str) == sorted([(2, [5, 1024]), (2, None)], key=str)
+    dl, dk, dp = npu(logits), npu(k), npu(p)
+    with torch_npu.monitor() as copies:
+        out = ops.top_k_top_p(dl, dk, dp)
+    assert copies == [] and seen == [5]
+    assert torch.equal(out.cpu(), apply_top_k_top_p(logits, k, p))
     seen.clear()
     assert torch.equal(ops.top_k_top_p(npu(logits), None, npu(p)).cpu(), apply_top_k_top_p(logits, None, p))
-    assert seen == [(5, None)]
+    assert seen == [5]
+
+
+def _plain_add_rms_norm_bf16(x1, x2, gamma, eps, normalise_rounded):
+    """ops-nn's AddRmsNorm kernels in bfloat16, row by row in float64 where the kernel is float32: the sum in float32
+    written rounded; the norm of the rounded sum (SINGLE_N / MERGE_N) or of the float32 sum (NORMAL); x * rstd
+    rounded to bf16 before gamma; the product rounded."""
+    rows = []
+    for a, b in zip(x1, x2):
+        total = a.float() + b.float()
+        src = total.to(torch.bfloat16).double() if normalise_rounded else total.double()
+        rstd = 1.0 / math.sqrt(float((src * src).mean()) + eps)
+        rows.append(((src * rstd).to(torch.bfloat16).double() * gamma.double()).to(torch.bfloat16))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("rows,hidden,rounded", [(8, 896, True), (64, 896, True), (8, 2048, True), (64, 2048, False)])
+def test_add_rms_norm_rounds_where_the_kernel_its_tiling_picks_rounds(rows, hidden, rounded):
+    """bf16 [rows, hidden] on 40 vector cores: 8 rows are one per core (SINGLE_N), 64 rows with hidden <= 2000 go to
+    MERGE_N, both normalising the rounded sum; 64 rows of 2048 go to the NORMAL kernel, normalising the float32 sum."""
+    from torch_npu._ops import add_rms_norm_mode
+
+    assert (add_rms_norm_mode(rows, hidden) in ("SINGLE_N", "MERGE_N")) == rounded
+    g = torch.Generator().manual_seed(rows + hidden)
+    x1, x2 = (torch.randn(rows, hidden, generator=g).bfloat16() for _ in range(2))
+    gamma = (1 + 0.1 * torch.randn(hidden, generator=g)).bfloat16()
+    y, rstd, x = torch_npu.npu_add_rms_norm(npu(x1), npu(x2), npu(gamma), 1e-6)
+    assert torch.equal(x.cpu(), (x1.float() + x2.float()).bfloat16())
+    want = _plain_add_rms_norm_bf16(x1, x2, gamma, 1e-6, rounded)
+    # float32 reduction order against float64: at most one bf16 step apart, and mostly equal
+    diff = (y.cpu().float() - want.float()).abs()
+    assert bool((diff <= want.float().abs() * 2 ** -7 + 1e-6).all()) and float((diff == 0).float().mean()) > 0.95
+    other = _plain_add_rms_norm_bf16(x1, x2, gamma, 1e-6, not rounded)
+    assert float((y.cpu() != other).float().mean()) > float((y.cpu() != want).float().mean())
+
+
+def test_npu_add_rms_norm_keeps_a_row_independent_of_the_batch():
+    """The kernel the tiling picks changes with the row count (above 2000 columns in bf16: 40 rows normalise the
+    rounded sum, 41 the float32 one), so a row's output would depend on its batch; NpuOps avoids the fused op
+    there, and a row gives the same bits alone or in a batch of 64."""
+    from rtp_llm.device.npu.ops import NpuOps
+
+    g = torch.Generator().manual_seed(7)
+    x, r = (torch.randn(64, 2048, generator=g).bfloat16() for _ in range(2))
+    w = (1 + 0.1 * torch.randn(2048, generator=g)).bfloat16()
+    fused_alone = torch_npu.npu_add_rms_norm(npu(x[:1]), npu(r[:1]), npu(w), 1e-6)[0].cpu()
+    fused_batch = torch_npu.npu_add_rms_norm(npu(x), npu(r), npu(w), 1e-6)[0].cpu()
+    assert not torch.equal(fused_alone[0], fused_batch[0])  # the op alone is not batch invariant here
+    ops = NpuOps()
+    alone, s_alone = ops.add_rms_norm(npu(x[:1]), npu(r[:1]), npu(w), 1e-6)
+    batch, s_batch = ops.add_rms_norm(npu(x), npu(r), npu(w), 1e-6)
+    assert torch.equal(alone.cpu()[0], batch.cpu()[0]) and torch.equal(s_alone.cpu()[0], s_batch.cpu()[0])
+    assert torch.equal(s_batch.cpu(), (x.float() + r.float()).bfloat16())
+    small = [ops.add_rms_norm(npu(x[:n, :896]), npu(r[:n, :896]), npu(w[:896]), 1e-6)[0].cpu()[0] for n in (1, 64)]
+    assert torch.equal(small[0], small[1])  # 896 columns: the fused op, the rounded sum at every row count

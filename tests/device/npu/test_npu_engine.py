@@ -38,15 +38,21 @@ def test_auto_picks_the_npu_and_npu_block_sizes_are_validated(tmp_path, tok):
 
 def test_the_npu_runs_16_bit_whatever_the_checkpoint_stores(tmp_path, tok, caplog):
     """A float32 checkpoint (or a GGUF, dequantized to float32) runs in bfloat16 on the NPU, weights, activations
-    and KV cache, and the log says so; an explicit float32 is refused in one line; float16 is taken as asked."""
+    and KV cache, and the log says so; an explicit float32 or float16 is refused in one line with the reason (the
+    fused attention's TND tiling takes bfloat16 only); a float16 checkpoint loads as bfloat16."""
     make_checkpoint(tmp_path, "qwen3_hd128")  # transformers saves float32
     with caplog.at_level("INFO"):
         eng = engine(tmp_path, tok, "npu")
     assert eng.runner.model.dtype == torch.bfloat16 and eng.runner.kv.dtype == torch.bfloat16
     assert any("run in bfloat16" in r.getMessage() for r in caplog.records)
-    with pytest.raises(ValueError, match="--dtype float32: the NPU runs bfloat16 or float16"):
-        engine(tmp_path, tok, "npu", dtype="float32")
-    assert engine(tmp_path, tok, "npu", dtype="float16").runner.model.dtype == torch.float16
+    for dtype in ("float32", "float16"):
+        with pytest.raises(ValueError, match=f"--dtype {dtype}: the NPU \\(Atlas A2/A3\\) runs bfloat16 only"):
+            engine(tmp_path, tok, "npu", dtype=dtype)
+    half = tmp_path / "half"
+    make_checkpoint(half, "qwen3_hd128").to(torch.float16).save_pretrained(half)
+    with caplog.at_level("INFO"):
+        assert engine(half, tok, "npu").runner.model.dtype == torch.bfloat16
+    assert any("load as torch.float16" in r.getMessage() for r in caplog.records)
     # the CPU keeps what the checkpoint stores
     assert engine(tmp_path, tok, "cpu", dtype="auto").runner.model.dtype == torch.float32
 

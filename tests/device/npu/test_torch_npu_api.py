@@ -173,3 +173,14 @@ def test_torch_npu_module_api_exists():
     import torch
     extra = [a for a in vars(torch.npu) if not a.startswith("__") and a not in real and not a.startswith("_is_in")]
     assert not extra, f"emulated torch.npu has {extra}, which torch_npu {PIN} does not export"
+
+
+def test_the_pinned_wheel_is_the_release_the_npu_path_names():
+    """One place names the Ascend software the checks ran against (rtp_llm/device/npu/versions.py): the wheel these
+    checks read is that torch_npu, built against the torch this project pins."""
+    from rtp_llm.device.npu import versions
+
+    assert PIN == versions.TORCH_NPU
+    assert (WHEEL / "version.py").read_text().split("__version__ = ")[1].split()[0].strip("'\"") == versions.TORCH_NPU
+    torch_pin = [line for line in (ROOT / "requirements.txt").read_text().splitlines() if line.startswith("torch==")]
+    assert torch_pin == [f"torch=={versions.TORCH}"]

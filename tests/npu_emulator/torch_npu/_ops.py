@@ -10,7 +10,9 @@ Sources, cited beside each check as [docs] / [schema] / [atb] / [vllm-ascend]:
 - [atb]: the ATB ReshapeAndCache operation doc and torch_npu's AtbOpsInterface.h (_npu_reshape_and_cache);
 - [vllm-ascend]: how vllm-ascend calls the operator (attention_v1.py), where the docs leave a case open;
 - [aclnn]: CANN's aclnn operator docs (the formula of aclnnWeightQuantBatchMatmulV2);
-- [op-plugin]: the op's binding in op-plugin (op_plugin/ops/opapi/*KernelNpuOpApi.cpp): its argument checks.
+- [op-plugin]: the op's binding in op-plugin (op_plugin/ops/opapi/*KernelNpuOpApi.cpp): its argument checks;
+- [ops-transformer], [ops-nn]: CANN's open operator source (the tiling checks and the kernels' rounding points) at the
+  commits rtp_llm/device/npu/versions.py names; where it is stricter than the docs (FIA's TND dtype), it wins.
 Where the documents disagree or are silent, the emulator refuses rather than guesses.
 """
 
@@ -98,6 +100,10 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
     T, N, D = q.shape
     if q.dtype not in (torch.float16, torch.bfloat16):  # [docs] query: float16, bfloat16, int8
         raise NPUOpError(op, f"query dtype {q.dtype} is not supported: float16 or bfloat16 (no float32)")
+    # [ops-transformer] TND with a block table takes the prompt-flash tiling (fused_infer_attention_score_tiling.cpp,
+    # usingIFA false), whose CheckInputShapeWhenLayoutIsTND refuses any input dtype but bf16
+    if q.dtype != torch.bfloat16:
+        raise NPUOpError(op, f"When layout is TND, inputDataType should be bf16 (query is {q.dtype})")
     if not (q.dtype == k.dtype == v.dtype):  # [docs] paged KV in the query's float dtype
         raise NPUOpError(op, f"query/key/value dtypes must be equal, got {q.dtype}, {k.dtype}, {v.dtype}")
     kv_n = num_key_value_heads or num_heads
@@ -108,8 +114,8 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
                              "(N <= 256, N % KV_N == 0, N / KV_N <= 64)")
     if D > 512 or (D * q.element_size()) % 16:
         raise NPUOpError(op, f"head dim {D} must be <= 512 and 16-byte aligned")
-    if D not in TND_HEAD_DIMS:
-        raise NPUOpError(op, f"TND layout supports head dim 128 (64 on some CANN versions), got {D}")
+    if D not in TND_HEAD_DIMS:  # [ops-transformer] CheckInputShapeWhenLayoutIsTND: q/k/v D equal, 64 or 128 (192 not used)
+        raise NPUOpError(op, f"When layout is TND, queryD, keyD and valueD must be the same and equal 128/64, got {D}")
     if actual_seq_lengths is None:
         raise NPUOpError(op, "actual_seq_lengths is required for TND")
     q_cum = _int_list(op, "actual_seq_lengths", actual_seq_lengths)
@@ -253,14 +259,65 @@ def npu_rms_norm(self, gamma, epsilon=1e-6):
     return wrap(y), wrap(rstd)
 
 
+# AddRmsNorm's tiling (ops-nn norm/add_rms_norm/op_host/add_rms_norm_tiling.cpp, A2/A3): rows spread over the
+# vector cores, block_factor = ceil(rows / cores) rows each; the kernel then is SPLIT_D (hidden > 12096 bf16/fp16),
+# SINGLE_N (block_factor 1), MERGE_N (hidden aligned to 16 <= 2000), else NORMAL. Vector-core count: Atlas A2's 910B
+# has 40 or 48 (GetCoreNumAiv); the emulator takes 40 unless RTP_NPU_EMULATOR_AIV_CORES says otherwise.
+_ADD_RMS_NORM_SMALL_REDUCE = 2000
+_ADD_RMS_NORM_SPLIT_D_B16 = 12096
+
+
+def _aiv_cores() -> int:
+    import os
+
+    return int(os.environ.get("RTP_NPU_EMULATOR_AIV_CORES", "40"))
+
+
+def add_rms_norm_mode(rows: int, hidden: int) -> str:
+    """The kernel AddRmsNorm's tiling picks for a bf16/fp16 [rows, hidden] input (names as the tiling's MODE_*)."""
+    block_factor = -(-rows // _aiv_cores())
+    if hidden > _ADD_RMS_NORM_SPLIT_D_B16:
+        return "SPLIT_D"
+    if block_factor == 1:
+        return "SINGLE_N"
+    if -(-hidden // 16) * 16 <= _ADD_RMS_NORM_SMALL_REDUCE:
+        return "MERGE_N"
+    return "NORMAL"
+
+
 def npu_add_rms_norm(x1, x2, gamma, epsilon=1e-6):  # [schema] (x1, x2, gamma, epsilon) -> (y, rstd, x)
+    """The kernel's rounding points (ops-nn norm/add_rms_norm/op_kernel): bf16 adds in float32 and writes x rounded;
+    the NORMAL kernel (add_rms_norm.h) normalises the unrounded float32 sum, SINGLE_N / MERGE_N (add_rms_norm_single_n.h,
+    _merge_n.h) the rounded x; x * rstd is rounded to the dtype before gamma, and the product rounded again
+    (float16: gamma multiplied in float16). rstd = 1 / sqrt(sum(x^2 / n) + eps) in float32. The reduction's order
+    inside a row is not emulated."""
     op = "npu_add_rms_norm"
     a, b = _on_npu(op, "x1", x1), _on_npu(op, "x2", x2)
+    g = _on_npu(op, "gamma", gamma)
     if a.shape != b.shape or a.dtype != b.dtype:
         raise NPUOpError(op, "x1 and x2 must have the same shape and dtype")
-    s = wrap(a + b)
-    y, rstd = npu_rms_norm(s, gamma, epsilon)
-    return y, rstd, s
+    if a.dtype not in _FLOAT_DTYPES or g.dtype != a.dtype:  # [docs] gamma in x's dtype
+        raise NPUOpError(op, f"x1, x2 and gamma must share a dtype of float16/bfloat16/float32, got {a.dtype}, "
+                             f"{g.dtype}")
+    if g.dim() != 1 or g.shape[0] != a.shape[-1]:
+        raise NPUOpError(op, f"gamma {tuple(g.shape)} must be 1-D over the last dim of x1 {tuple(a.shape)}")
+    hidden = a.shape[-1]
+    if a.dtype == torch.float32:
+        x = a + b
+        rstd = torch.rsqrt((x * x * (1.0 / hidden)).sum(-1, keepdim=True) + epsilon)
+        return wrap(g * (x * rstd)), wrap(rstd), wrap(x)
+    total = a.float() + b.float()
+    x = total.to(a.dtype)
+    rows = a.numel() // hidden
+    mode = add_rms_norm_mode(rows, hidden)
+    if mode == "SPLIT_D":
+        raise NPUOpError(op, f"hidden {hidden} > {_ADD_RMS_NORM_SPLIT_D_B16} takes the SPLIT_D kernel, which the "
+                             "emulator does not implement")
+    src = total if (mode == "NORMAL" and a.dtype == torch.bfloat16) else x.float()
+    rstd = torch.rsqrt((src * src * (1.0 / hidden)).sum(-1, keepdim=True) + epsilon)
+    normed = (src * rstd).to(a.dtype)
+    y = (normed.float() * g.float()).to(a.dtype)
+    return wrap(y), wrap(rstd), wrap(x)
 
 
 def npu_rotary_mul(self, r1, r2, rotary_mode="half", rotate=None):
@@ -296,7 +353,8 @@ def npu_swiglu(self, dim=-1):
 # --- sampling --------------------------------------------------------------------------------------------
 def npu_top_k_top_p(logits, p=None, k=None):
     """CANN aclnnApplyTopKTopP: sort ascending (stable); top-k keeps values >= sorted[V-k] (ties
-    survive); top-p on the survivors masks cumsum(softmax) <= 1 - p, always keeping the largest."""
+    survive; k <= 0 or k >= V: no top-k); top-p on the survivors masks cumsum(softmax) <= 1 - p, always keeping the
+    largest."""
     op = "npu_top_k_top_p"
     x = _on_npu(op, "logits", logits)
     if x.dim() != 2 or x.dtype not in _FLOAT_DTYPES:  # [docs] 2-D bfloat16/float16/float32
@@ -309,9 +367,9 @@ def npu_top_k_top_p(logits, p=None, k=None):
         kk = _on_npu(op, "k", k)
         if kk.dtype != torch.int32 or kk.dim() != 1 or kk.shape[0] != batch:  # [docs] int32, 1-D, [batch]
             raise NPUOpError(op, f"k must be int32 [batch={batch}], got {kk.dtype} {tuple(kk.shape)}")
-        lo, hi = int(kk.min()), int(kk.max())
-        if lo < 1 or hi > 1024 or hi > vocab:  # [docs] k in [1, 1024], its maximum <= logits.size(1)
-            raise NPUOpError(op, f"k must be in [1, 1024] and <= vocab ({vocab}), got values in [{lo}, {hi}]")
+        # [ops-nn] aclnnApplyTopKTopP: "k <= 0 or k >= logits.size(1): no top-k" (docs/aclnnApplyTopKTopP.md; the
+        # kernel reads the k-th value from global memory for any k), and op-plugin's binding adds no check. torch_npu's
+        # own doc says k in [1, 1024]: the operator's source and its binding are what run, so they win here.
     if p is not None:
         pp = _on_npu(op, "p", p)
         if pp.dtype != x.dtype or pp.dim() != 1 or pp.shape[0] != batch:  # [docs] logits' dtype, 1-D, [batch]
@@ -323,8 +381,9 @@ def npu_top_k_top_p(logits, p=None, k=None):
     vals, idx = torch.sort(x, dim=-1, stable=True)
     keep = torch.ones_like(vals, dtype=torch.bool)
     if kk is not None:
-        thr = vals.gather(1, (vocab - kk.clamp(max=vocab).long())[:, None])
-        keep &= vals >= thr
+        on = (kk > 0) & (kk < vocab)
+        thr = vals.gather(1, (vocab - torch.where(on, kk, torch.ones_like(kk)).long())[:, None])
+        keep &= (vals >= thr) | ~on[:, None]
     if pp is not None:
         masked = vals.float().masked_fill(~keep, float("-inf"))
         cum = torch.softmax(masked, dim=-1).cumsum(-1)
