@@ -53,6 +53,8 @@ class DecoderLayer(nn.Module):
         self.o = Linear(q, h, cfg.o_bias, dtype, device, tp=tp)
         self.post_norm = RMSNorm(h, eps, dtype, device, ops)
         self.moe = cfg.routes(index)  # a sparse MLP: the fused whole-step paths take dense layers only
+        self.index = index
+        self.observer = None  # DecoderLM.observe: called with this layer's outputs (rtp_llm/tools/compare.py)
         if self.moe:
             self.mlp = SparseMoE(h, cfg.moe, shard.expert_intermediate, shard.shared_intermediate, dtype, device, ops,
                                  tp)
@@ -95,7 +97,12 @@ class DecoderLayer(nn.Module):
         q, k = self.ops.rotary(q, k, cos, sin)
         x = self.o(attn.forward(q, k, v, layer_kv, meta).reshape(t, self.q_size))
         h, residual = self.post_norm.add(x, residual)
-        return self.mlp(h), residual
+        out = self.mlp(h)
+        if self.observer is not None:
+            self.observer(f"layers.{self.index}.attention", x)
+            self.observer(f"layers.{self.index}.mlp", out)
+            self.observer(f"layers.{self.index}.residual", out + residual)  # the stream the next layer takes
+        return out, residual
 
 
 class DecoderLM(nn.Module):
@@ -121,6 +128,7 @@ class DecoderLM(nn.Module):
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, min(cfg.max_position_embeddings, 4096), device)
         self.fused_layers = None  # prepare(): the op set's whole-step path, if it has one
         self.lora_ctx = None  # rtp_llm/lora: set when adapters are enabled; a step with adapter rows runs unfused
+        self.observer = None  # observe(): a step being observed runs unfused, each layer reporting its outputs
 
     def prepare(self) -> None:
         """After the weights are loaded: the device picks (and packs for) each linear layer's kernel, and the row
@@ -295,8 +303,10 @@ class DecoderLM(nn.Module):
         cos, sin = self.rotary.cos_sin(batch.positions, self.dtype, max(batch.kv_lens) - 1)
         x = self._embed(batch.input_ids)
         residual = None
+        if self.observer is not None:
+            self.observer("embedding", x)
         lora = self.lora_ctx is not None and self.lora_ctx.active
-        if self.fused_layers is not None and not lora and self.fused_layers.runs(meta):
+        if self.fused_layers is not None and not lora and self.observer is None and self.fused_layers.runs(meta):
             x, residual = self.fused_layers(x, cos, sin, kv, meta, attn.scale)
         else:
             for i, layer in enumerate(self.layers):
@@ -307,7 +317,20 @@ class DecoderLM(nn.Module):
         idx = batch.logits_indices
         if idx.numel() != x.shape[0]:
             x, residual = x.index_select(0, idx), residual.index_select(0, idx)
-        return self.norm.add(x, residual)[0]
+        h = self.norm.add(x, residual)[0]
+        if self.observer is not None:
+            self.observer("norm", h)
+            self.observer("logits", self.compute_logits(h))
+        return h
+
+    def observe(self, observer) -> None:
+        """observer(name, tensor) gets every forward's outputs in model order: embedding, then per layer
+        layers.N.attention (after o_proj), layers.N.mlp, layers.N.residual (the hidden state the next layer takes),
+        then norm (the rows that need logits) and logits; None stops. Unobserved, a forward pays one branch per
+        layer."""
+        self.observer = observer
+        for layer in self.layers:
+            layer.observer = observer
 
     @property
     def has_greedy_head(self) -> bool:

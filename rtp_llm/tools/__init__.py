@@ -1,0 +1,1 @@
+"""Command-line tools over the engine: compare (layer-by-layer parity between two sides)."""
