@@ -79,6 +79,10 @@ class Device(ABC):
     def share_host(self, local_ranks: int) -> None:
         """Called when this many tensor-parallel ranks run on this machine (each with its own device here)."""
 
+    def check_model(self, cfg) -> None:
+        """Raises ValueError naming the constraint when this device's kernels cannot run the model's shapes (a head
+        dim its fused attention refuses), at load rather than at the first forward."""
+
     def validate_block_size(self, block_size: int) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")

@@ -78,6 +78,9 @@ class EngineCore:
 
         tp = self.tp_runtime.tp if self.tp_runtime else None
         if model is None:
+            from rtp_llm.models.loader import load_config
+
+            self.device.check_model(load_config(config.model, config.model_type, config.hf_overrides))
             if tp is None:  # tensor-parallel ranks hold shares: each rank's device answers for its own
                 self.device.check_fits(*memory_plan(config, self.device, self.block_size))
             model, model_config = load_engine_model(config, self.device, tp, progress=True)

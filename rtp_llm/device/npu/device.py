@@ -87,6 +87,16 @@ class NpuDevice(Device):
                              "is no input dtype of it); use --dtype bfloat16 or auto")
         return dtype
 
+    # The TND tiling takes equal query / key / value head dims of 64 or 128 (ops-transformer
+    # prompt_flash_attention_tiling.cpp, CheckInputShapeWhenLayoutIsTND; 192 is for MLA-style models, not run here).
+    HEAD_DIMS = (64, 128)
+
+    def check_model(self, cfg) -> None:
+        if cfg.head_dim not in self.HEAD_DIMS:
+            raise ValueError(f"head_dim {cfg.head_dim} is not supported on NPU: npu_fused_infer_attention_score in TND "
+                             f"layout takes head dims {' or '.join(map(str, self.HEAD_DIMS))}; run this model with "
+                             "--device cpu")
+
     def validate_block_size(self, block_size: int) -> None:
         if block_size not in self.VALID_BLOCK_SIZES:
             raise ValueError(f"block_size {block_size} is not supported on NPU: npu_fused_infer_attention_score "
