@@ -212,6 +212,13 @@ class Scheduler:
         self._finish_output(out)
         return out
 
+    def subset(self, out: SchedulerOutput, items: list[ScheduledSeq]) -> SchedulerOutput:
+        """The step `out` narrowed to `items` (one request's, to rerun it alone after the whole step failed): their
+        slots as allocated, block tables and sample rows rebuilt; copy-on-write copies again (they are idempotent)."""
+        sub = SchedulerOutput(scheduled=list(items), copies=list(out.copies))
+        self._finish_output(sub)
+        return sub
+
     def _finish_output(self, out: SchedulerOutput) -> None:
         """The step's block tables and sample rows, once every allocation of the step is done."""
         items = out.scheduled
