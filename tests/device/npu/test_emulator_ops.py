@@ -219,6 +219,11 @@ def test_norms_rotary_swiglu_match_their_formulas():
                           atol=1e-6)
     with pytest.raises(NPUOpError, match="4-D"):
         torch_npu.npu_rotary_mul(npu(xq[0]), npu(cos[0]), npu(sin[0]))
+    # ops-nn's swi_glu tiling: the split axis even, dim within the axes
+    with pytest.raises(NPUOpError, match="split axis of input x must be an even number"):
+        torch_npu.npu_swiglu(npu(torch.randn(4, 9, generator=g)))
+    with pytest.raises(NPUOpError, match="depends on the number of shape axes"):
+        torch_npu.npu_swiglu(npu(gu), dim=2)
 
 
 def _plain_top_k_top_p(row, k, p):

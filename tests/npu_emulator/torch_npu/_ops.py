@@ -18,6 +18,8 @@ Where the documents disagree or are silent, the emulator refuses rather than gue
 
 from __future__ import annotations
 
+import math
+
 
 import torch
 import torch.nn.functional as F
@@ -344,8 +346,12 @@ def npu_rotary_mul(self, r1, r2, rotary_mode="half", rotate=None):
 def npu_swiglu(self, dim=-1):
     op = "npu_swiglu"
     xi = _on_npu(op, "self", self)
-    if xi.shape[dim] % 2:
-        raise NPUOpError(op, f"dim {dim} has odd size {xi.shape[dim]}")
+    # [ops-nn] swi_glu_tiling.cpp SetTotalShape: dim within the axes; the product of the axes from dim on is even
+    if not -xi.dim() <= dim < xi.dim():
+        raise NPUOpError(op, f"The value of attribute dim ({dim}) depends on the number of shape axes of input x "
+                             f"({xi.dim()})")
+    if math.prod(xi.shape[dim % xi.dim():]) % 2:
+        raise NPUOpError(op, f"dim {dim} has odd size {xi.shape[dim]}: the split axis of input x must be an even number")
     a, b = xi.chunk(2, dim=dim)
     return wrap(F.silu(a) * b)
 
