@@ -171,6 +171,10 @@ FLAGS = [
          "= keep them where the block kernels are as fast as the float32 ones (AVX-512), else dequantize (the same "
          "values, several times faster on AVX2 CPUs, the float32 weights' memory)",
          choices=("auto", "on", "off"), engine="device_options.cpu_gguf_blocks"),
+    Flag("npu_graph", "NPU_GRAPH", str, "on",
+         "NPU: decode steps replay an NPU graph captured per batch size (1, 2, 4 .. 128, up to max_num_seqs), the "
+         "fused attention's lengths updated per step; prefill and mixed steps stay eager. off = every step eager",
+         choices=("on", "off"), engine="device_options.npu_graph"),
     Flag("host", "HOST", str, "127.0.0.1", "address to listen on"),
     Flag("port", "START_PORT", int, 8000, "port to listen on"),
     Flag("api_key", "API_KEY", str, None, "require 'Authorization: Bearer <key>' on every route but /health"),

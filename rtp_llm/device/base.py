@@ -83,6 +83,11 @@ class Device(ABC):
         """Raises ValueError naming the constraint when this device's kernels cannot run the model's shapes (a head
         dim its fused attention refuses), at load rather than at the first forward."""
 
+    def decode_graphs(self, model, kv, attn, block_size: int, max_model_len: int, max_batch: int):
+        """A callable that runs decode steps from captured graphs (its runs(batch) says which), or None: every step
+        eager."""
+        return None
+
     def validate_block_size(self, block_size: int) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")

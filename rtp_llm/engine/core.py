@@ -112,6 +112,9 @@ class EngineCore:
         self.grammars = GrammarCompiler(self.tokenizer, mc.vocab_size, self.eos_ids)
         self.runner = ModelRunner(model, mc, num_blocks, self.block_size, self.device, config.attention_backend, tp,
                                   self.grammars)
+        if tp is None and not self.pooling:  # decode steps from captured graphs where the device has them
+            self.runner.graphs = self.device.decode_graphs(model, self.runner.kv, self.runner.attn, self.block_size,
+                                                           self.max_model_len, config.max_num_seqs)
         self.output = OutputProcessor(self.max_model_len)
         if self.pooling:
             from rtp_llm.pooling import Pooler

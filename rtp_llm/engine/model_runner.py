@@ -57,6 +57,7 @@ class ModelRunner:
         self.sampler = Sampler(model.ops)
         self.pooler = None  # --runner pooling: rtp_llm/pooling/Pooler, set by the core
         self.lora = None    # --enable_lora: rtp_llm/lora/LoRAManager, set by the core
+        self.graphs = None  # Device.decode_graphs: decode steps replayed from captured graphs, set by the core
 
 
     # --- the step ----------------------------------------------------------------------------------------------
@@ -140,6 +141,10 @@ class ModelRunner:
     def _run(self, batch: ForwardBatch, copies, greedy: bool):
         """The model call itself, identical on every tensor-parallel rank."""
         self.kv.copy_blocks(copies)
+        if self.graphs is not None and self.model.observer is None and self.lora is None and self.graphs.runs(batch):
+            logits = self.graphs(batch)
+            if logits is not None:
+                return logits
         h = self.model(batch, self.kv, self.attn)
         if greedy and self.model.has_greedy_head:
             return GreedyTokens(self.model.greedy_token_ids(h))

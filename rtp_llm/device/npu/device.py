@@ -97,6 +97,13 @@ class NpuDevice(Device):
                              f"layout takes head dims {' or '.join(map(str, self.HEAD_DIMS))}; run this model with "
                              "--device cpu")
 
+    def decode_graphs(self, model, kv, attn, block_size: int, max_model_len: int, max_batch: int):
+        if self.options.get("npu_graph", "on") == "off":
+            return None
+        from rtp_llm.device.npu.graph import NpuDecodeGraphs
+
+        return NpuDecodeGraphs(model, kv, attn, block_size, max_model_len, max_batch)
+
     def validate_block_size(self, block_size: int) -> None:
         if block_size not in self.VALID_BLOCK_SIZES:
             raise ValueError(f"block_size {block_size} is not supported on NPU: npu_fused_infer_attention_score "

@@ -11,6 +11,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from torch_npu import _graph
+
 
 torch.utils.rename_privateuse1_backend("npu")
 NPU = torch.device("npu", 0)
@@ -113,21 +115,29 @@ def _dispatch(func, args, kwargs):
         src_npu = isinstance(args[0], NPUTensor)
         dst = kwargs.get("device")
         if src_npu and dst is not None and not _is_npu_device(dst):
+            _graph.refuse("a device -> host copy (.cpu(), .tolist(), .numpy())")
             if _monitor.active:
                 _monitor.records.append(("d2h", tuple(args[0].shape)))
             return func(*un_args, **un_kwargs)  # a plain host tensor
-        out = func(*un_args, **un_kwargs)
-        return wrap(out)
+        if not src_npu and not _graph.in_operator():
+            _graph.refuse("a host -> device copy")
+        out = wrap(func(*un_args, **un_kwargs))
+        _graph.record_aten(func, args, kwargs, out)
+        return out
     if func is aten._local_scalar_dense.default:
+        _graph.refuse(".item()")
         if _monitor.active:
             _monitor.records.append(("d2h", tuple(args[0].shape)))
         return func(*un_args, **un_kwargs)
     if func is aten.copy_.default:
         dst, src = args[0], args[1]
+        if isinstance(src, NPUTensor) != isinstance(dst, NPUTensor) and not _graph.in_operator():
+            _graph.refuse("a host <-> device copy_")
         if isinstance(src, NPUTensor) and not isinstance(dst, NPUTensor) and _monitor.active:
             _monitor.records.append(("d2h", tuple(src.shape)))
         if isinstance(dst, NPUTensor):
             dst._inner.copy_(src._inner if isinstance(src, NPUTensor) else src)
+            _graph.record_aten(func, args, kwargs, dst)
             return dst
         return dst.copy_(src._inner)
 
@@ -139,7 +149,9 @@ def _dispatch(func, args, kwargs):
             return mutated if mutated is not None else wrap(o)
         return o
 
-    return tree_map(rewrap, out)
+    result = tree_map(rewrap, out)
+    _graph.record_aten(func, args, kwargs, result)
+    return result
 
 
 class _NpuMode(TorchDispatchMode):
@@ -197,7 +209,11 @@ npu_module.is_available = lambda: True
 npu_module.device_count = lambda: 1
 npu_module.set_device = _set_device
 npu_module.current_device = lambda: 0
-npu_module.synchronize = lambda device=None: None
+npu_module.synchronize = _graph.synchronize
+npu_module.NPUGraph = _graph.NPUGraph
+npu_module.graph = _graph.graph
+npu_module.graph_pool_handle = _graph.graph_pool_handle
+npu_module.is_current_stream_capturing = _graph.is_current_stream_capturing
 npu_module.Stream = _Stream
 npu_module.Event = _Event
 npu_module.current_stream = lambda device=None: _Stream()
