@@ -16,6 +16,7 @@ from rtp_llm.device.npu import NpuDevice, npu_status
 from rtp_llm.errors import DeviceError
 
 _DEVICES = {"cpu": CpuDevice, "cuda": CudaDevice, "npu": NpuDevice}
+DEVICE_CLASSES = _DEVICES  # by name, for what asks a device class itself (the doctor's self_check)
 
 
 def resolve_device(name: str) -> str:

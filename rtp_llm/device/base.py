@@ -79,6 +79,11 @@ class Device(ABC):
     def share_host(self, local_ranks: int) -> None:
         """Called when this many tensor-parallel ranks run on this machine (each with its own device here)."""
 
+    @classmethod
+    def self_check(cls) -> list:
+        """This device's lines of `python -m rtp_llm.doctor` (rtp_llm/device/self_check.py's Check)."""
+        return []
+
     def check_model(self, cfg) -> None:
         """Raises ValueError naming the constraint when this device's kernels cannot run the model's shapes (a head
         dim its fused attention refuses), at load rather than at the first forward."""

@@ -284,7 +284,9 @@ class EngineCore:
         except TPWorkerError:
             raise  # the tensor-parallel group is broken: fatal for the engine
         except Exception as exc:  # a failed step fails the requests that cause it, not the engine
-            outputs.extend(self._failed_step(sched, exc))
+            from rtp_llm.engine.step_errors import fail_step
+
+            outputs.extend(fail_step(self, sched, exc))
             outputs.extend(self._pending)
             self._pending = []
             return outputs
@@ -294,36 +296,6 @@ class EngineCore:
         outputs.extend(self.update_from_output(sched, result))
         outputs.extend(self._pending)
         self._pending = []
-        return outputs
-
-    def _failed_step(self, sched: SchedulerOutput, exc: Exception) -> list[OutputDelta]:
-        """Each request of a failed step runs alone: the ones that pass go on (a request's own input made the step
-        fail, not theirs), the ones that fail again end with the layered error (rtp_llm/engine/step_errors.py).
-        With speculation on, or a step of one request, every request of the step ends with it."""
-        from rtp_llm.engine.step_errors import describe
-
-        by_request: dict = {}
-        for x in sched.scheduled:
-            by_request.setdefault(x.seq.request, []).append(x)
-        log.error("%s", describe(exc, [r.request_id for r in by_request]), exc_info=exc)
-        if len(by_request) == 1 or self.speculator is not None or self.tp_runtime is not None:
-            for req in by_request:
-                if req.request_id in self.requests:
-                    self.abort(req.request_id, FinishReason.ERROR, describe(exc, [req.request_id]))
-            return []
-        outputs = []
-        for req, items in by_request.items():
-            if req.request_id not in self.requests:
-                continue
-            sub = self.scheduler.subset(sched, items)
-            try:
-                result = self.runner.execute(sub)
-            except TPWorkerError:
-                raise
-            except Exception as alone:
-                self.abort(req.request_id, FinishReason.ERROR, describe(alone, [req.request_id]))
-                continue
-            outputs.extend(self.update_from_output(sub, result))
         return outputs
 
     def update_from_output(self, sched: SchedulerOutput, result: RunnerOutput) -> list[OutputDelta]:

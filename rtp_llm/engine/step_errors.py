@@ -5,9 +5,12 @@ off the exception's traceback when a step fails, so a step that succeeds pays no
 from __future__ import annotations
 
 import linecache
+import logging
 import os
 import re
 from typing import Optional
+
+log = logging.getLogger("rtp_llm.engine.core")
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # rtp_llm/
 # the call on a source line: torch_npu.npu_x(, self.torch_npu.npu_x(, self.kernels.x(, attn.forward(, F.linear(
@@ -63,3 +66,35 @@ def describe(exc: BaseException, request_ids) -> str:
         parts.append(cause)
     parts.append(f"device: {type(exc).__name__}: {device_msg[:600]}")
     return "; ".join(parts)
+
+
+def fail_step(core, sched, exc: Exception) -> list:
+    """A failed step (EngineCore.step): each of its requests runs alone (Scheduler.subset): the ones that pass go on
+    (a request's own input made the step fail, not theirs), the ones that fail again end with the layered error. With
+    speculation or tensor parallelism on, or a step of one request, every request of the step ends with it."""
+    from rtp_llm.engine.sequence import FinishReason
+    from rtp_llm.errors import TPWorkerError
+
+    by_request: dict = {}
+    for x in sched.scheduled:
+        by_request.setdefault(x.seq.request, []).append(x)
+    log.error("%s", describe(exc, [r.request_id for r in by_request]), exc_info=exc)
+    if len(by_request) == 1 or core.speculator is not None or core.tp_runtime is not None:
+        for req in by_request:
+            if req.request_id in core.requests:
+                core.abort(req.request_id, FinishReason.ERROR, describe(exc, [req.request_id]))
+        return []
+    outputs = []
+    for req, items in by_request.items():
+        if req.request_id not in core.requests:
+            continue
+        sub = core.scheduler.subset(sched, items)
+        try:
+            result = core.runner.execute(sub)
+        except TPWorkerError:
+            raise
+        except Exception as alone:
+            core.abort(req.request_id, FinishReason.ERROR, describe(alone, [req.request_id]))
+            continue
+        outputs.extend(core.update_from_output(sub, result))
+    return outputs

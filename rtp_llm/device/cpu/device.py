@@ -42,6 +42,12 @@ class CpuDevice(Device):
     def available(cls):
         return True, ""
 
+    @classmethod
+    def self_check(cls) -> list:
+        from rtp_llm.device.cpu.self_check import check_cpu
+
+        return check_cpu()
+
     @property
     def torch_device(self) -> torch.device:
         return torch.device("cpu")

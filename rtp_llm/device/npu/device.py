@@ -58,6 +58,12 @@ class NpuDevice(Device):
     def available(cls):
         return npu_status()
 
+    @classmethod
+    def self_check(cls) -> list:
+        from rtp_llm.device.npu.self_check import check_npu
+
+        return check_npu(npu_status)
+
     @property
     def torch_device(self) -> torch.device:
         return torch.device("npu", self.index)
