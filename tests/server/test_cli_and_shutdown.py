@@ -214,4 +214,4 @@ def test_every_engine_flag_reaches_engine_config_with_engine_configs_default():
             "--max_logprobs", "-1", "--model", "/m"]
     cfg = engine_config(resolve(argv, {}), "cpu")
     assert (cfg.max_queue_len, cfg.max_num_seqs, cfg.tp_timeout_s, cfg.max_logprobs, cfg.model) == (7, 3, 9.5, -1, "/m")
-    assert cfg.device_options == {"cpu_gemv_weights": "off", "cpu_gguf_blocks": "auto"}
+    assert cfg.device_options == {"cpu_gemv_weights": "off", "cpu_gguf_blocks": "auto", "npu_graph": "on"}

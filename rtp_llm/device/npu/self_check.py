@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from typing import Optional
 
-from rtp_llm.device.self_check import FAIL, PASS, WARN, Check, ok
+from rtp_llm.device.self_check import FAIL, WARN, Check, ok
 
 
 def _cann_home() -> Optional[str]:
