@@ -3,7 +3,7 @@ transformers as a reference): the migration write-ups' "keep every layer's float
 compare on the NPU step by step", as one command.
 
     python -m rtp_llm.tools.compare --model M [--prompt TEXT | --token_ids 1,2,3] [--steps K]
-        --baseline cpu:float32 --candidate npu:bfloat16 [--json F] [--plot F.png] [--dump DIR]
+        --baseline cpu:float32 --candidate npu:bfloat16 [--tp N] [--json F] [--plot F.png] [--dump DIR]
 
 A side is DEVICE:DTYPE[:QUANTIZATION] (QUANTIZATION auto, none, int8, or stored: GGUF blocks kept as stored even where
 the CPU would dequantize them) or transformers[:DTYPE]. Both sides run the prompt and K greedy decode steps; every
@@ -77,8 +77,10 @@ class SideRun:
     tokens: list[int]
 
 
-def run_rtp_llm(side: Side, model: str, prompt: list[int], steps: int, tokenizer: Optional[str] = None) -> SideRun:
-    """The engine on `side`, one request, greedy, prefix cache off and the prompt in one step."""
+def run_rtp_llm(side: Side, model: str, prompt: list[int], steps: int, tokenizer: Optional[str] = None,
+                tp: int = 1) -> SideRun:
+    """The engine on `side`, one request, greedy, prefix cache off and the prompt in one step. tp: tensor-parallel
+    ranks; rank 0's layers are observed (attention and MLP outputs are whole after their all-reduce)."""
     from rtp_llm.llm import LLM
     from rtp_llm.sampling import SamplingParams
 
@@ -94,7 +96,7 @@ def run_rtp_llm(side: Side, model: str, prompt: list[int], steps: int, tokenizer
     with LLM(model, tokenizer=tokenizer, device=side.device, dtype=_dtype_name(side.dtype), quantization=quant,
              enable_prefix_caching=False, max_num_batched_tokens=max(2048, len(prompt) + 1),
              max_model_len=len(prompt) + steps + 8, num_blocks=(len(prompt) + steps + 8) // 16 + 2,
-             device_options=options) as llm:
+             tp_size=tp, device_options=options) as llm:
         lm = llm.core.runner.model
         lm.observe(observer)
         try:
@@ -158,10 +160,12 @@ def run_transformers(side: Side, model: str, prompt: list[int], steps: int) -> S
     return SideRun(side, forwards[: steps + 1], tokens)
 
 
-def run_side(side: Side, model: str, prompt: list[int], steps: int, tokenizer=None) -> SideRun:
+def run_side(side: Side, model: str, prompt: list[int], steps: int, tokenizer=None, tp: int = 1) -> SideRun:
     if side.device == "transformers":
+        if tp != 1:
+            raise ValueError("the transformers side runs on one process (tp 1)")
         return run_transformers(side, model, prompt, steps)
-    return run_rtp_llm(side, model, prompt, steps, tokenizer)
+    return run_rtp_llm(side, model, prompt, steps, tokenizer, tp)
 
 
 @dataclass
@@ -233,12 +237,13 @@ def compare_runs(base: SideRun, cand: SideRun) -> Report:
 
 
 def compare(model: str, prompt: list[int], baseline: str, candidate: str, steps: int = 4,
-            candidate_model: Optional[str] = None, tokenizer: Optional[str] = None) -> tuple[Report, SideRun, SideRun]:
+            candidate_model: Optional[str] = None, tokenizer: Optional[str] = None, baseline_tp: int = 1,
+            candidate_tp: int = 1) -> tuple[Report, SideRun, SideRun]:
     """Runs both sides and compares them; returns the report and both runs (their captured tensors).
     candidate_model: another checkpoint of the same architecture for the candidate (a converted or re-quantized
     copy); tokenizer: where the engine finds one when the model has none (the prompt is token ids either way)."""
-    base = run_side(Side.parse(baseline), model, prompt, steps, tokenizer)
-    cand = run_side(Side.parse(candidate), candidate_model or model, prompt, steps, tokenizer)
+    base = run_side(Side.parse(baseline), model, prompt, steps, tokenizer, baseline_tp)
+    cand = run_side(Side.parse(candidate), candidate_model or model, prompt, steps, tokenizer, candidate_tp)
     return compare_runs(base, cand), base, cand
 
 
@@ -309,6 +314,7 @@ def main(argv=None) -> int:
     ap.add_argument("--token_ids", default=None, help="comma-separated prompt token ids (instead of --prompt)")
     ap.add_argument("--tokenizer", default=None, help="where the tokenizer is, when not beside the model")
     ap.add_argument("--candidate_model", default=None, help="the candidate's checkpoint, when not --model")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of the candidate (the baseline runs 1)")
     ap.add_argument("--baseline", default="cpu:float32")
     ap.add_argument("--candidate", required=True)
     ap.add_argument("--steps", type=int, default=4, help="greedy decode steps after the prompt")
@@ -321,7 +327,8 @@ def main(argv=None) -> int:
     model = args.model or default_model_path()
     try:
         report, base, cand = compare(model, _token_ids(args, model), args.baseline, args.candidate, args.steps,
-                                     candidate_model=args.candidate_model, tokenizer=args.tokenizer)
+                                     candidate_model=args.candidate_model, tokenizer=args.tokenizer,
+                                     candidate_tp=args.tp)
     except ValueError as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return 2
