@@ -30,8 +30,10 @@ def run(argv=None) -> tuple[int, list[Check]]:
         from rtp_llm.device import resolve_device
 
         device = resolve_device("auto")
+    from rtp_llm.device import DEVICE_CLASSES
+
     checks = device_checks(device)
-    if not any(c.status == FAIL for c in checks if c.name in ("npu device", "cuda device", "torch_npu")):
+    if DEVICE_CLASSES[device].available()[0]:  # the preflight loads onto the device: only where it is usable
         try:
             checks += preflight(engine_config(args, device), device, generate=not ours.no_generate)
         except ConfigError as exc:

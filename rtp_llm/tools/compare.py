@@ -35,8 +35,6 @@ TOLERANCE = {
     torch.bfloat16: {"max_rel": 32 * 2.0 ** -8, "cosine_distance": 5e-3},
 }
 UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
 
 
 @dataclass
@@ -55,9 +53,13 @@ class Side:
             if len(parts) > 2:
                 raise ValueError(f"side {spec!r}: transformers takes a dtype only (transformers:float32)")
             return cls(spec, "transformers", _dtype(parts[1] if len(parts) > 1 else "float32", spec))
-        if len(parts) not in (2, 3) or parts[0] not in ("cpu", "cuda", "npu"):
-            raise ValueError(f"side {spec!r}: expected DEVICE:DTYPE[:QUANTIZATION] with DEVICE cpu, cuda or npu "
-                             "(e.g. cpu:float32, npu:bfloat16, cpu:float32:stored), or transformers[:DTYPE]")
+        from rtp_llm.device import DEVICE_CLASSES
+
+        if len(parts) not in (2, 3) or parts[0] not in DEVICE_CLASSES:
+            *rest, last = DEVICE_CLASSES
+            raise ValueError(f"side {spec!r}: expected DEVICE:DTYPE[:QUANTIZATION] with DEVICE "
+                             f"{', '.join(rest)} or {last} (e.g. cpu:float32, npu:bfloat16, cpu:float32:stored), or "
+                             "transformers[:DTYPE]")
         quant = parts[2] if len(parts) == 3 else "auto"
         if quant not in ("auto", "none", "int8", "stored"):
             raise ValueError(f"side {spec!r}: quantization {quant!r} is not auto, none, int8 or stored")
@@ -65,9 +67,14 @@ class Side:
 
 
 def _dtype(name: str, spec: str) -> torch.dtype:
-    if name not in _DTYPES:
-        raise ValueError(f"side {spec!r}: dtype {name!r} is not float32, bfloat16 or float16")
-    return _DTYPES[name]
+    from rtp_llm.config.model_config import parse_dtype
+
+    if name == "auto":
+        raise ValueError(f"side {spec!r}: name the dtype (float32, bfloat16 or float16), not auto")
+    try:
+        return parse_dtype(name)
+    except ValueError as exc:
+        raise ValueError(f"side {spec!r}: {exc}") from None
 
 
 @dataclass
@@ -84,7 +91,8 @@ def run_rtp_llm(side: Side, model: str, prompt: list[int], steps: int, tokenizer
     from rtp_llm.llm import LLM
     from rtp_llm.sampling import SamplingParams
 
-    options = {"cpu_gguf_blocks": "on"} if side.quantization == "stored" and side.device == "cpu" else {}
+    # a device option the CPU reads (blocks kept even where it would dequantize them); other devices ignore it
+    options = {"cpu_gguf_blocks": "on"} if side.quantization == "stored" else {}
     quant = "auto" if side.quantization == "stored" else side.quantization
     forwards: list[dict[str, torch.Tensor]] = []
 
@@ -93,7 +101,7 @@ def run_rtp_llm(side: Side, model: str, prompt: list[int], steps: int, tokenizer
             forwards.append({})
         forwards[-1][name] = t.detach().float().cpu()
 
-    with LLM(model, tokenizer=tokenizer, device=side.device, dtype=_dtype_name(side.dtype), quantization=quant,
+    with LLM(model, tokenizer=tokenizer, device=side.device, dtype=str(side.dtype).replace("torch.", ""), quantization=quant,
              enable_prefix_caching=False, max_num_batched_tokens=max(2048, len(prompt) + 1),
              max_model_len=len(prompt) + steps + 8, num_blocks=(len(prompt) + steps + 8) // 16 + 2,
              tp_size=tp, device_options=options) as llm:
@@ -105,10 +113,6 @@ def run_rtp_llm(side: Side, model: str, prompt: list[int], steps: int, tokenizer
         finally:
             lm.observe(None)
     return SideRun(side, forwards, list(out.token_ids))
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
 
 
 def run_transformers(side: Side, model: str, prompt: list[int], steps: int) -> SideRun:

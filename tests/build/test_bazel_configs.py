@@ -83,7 +83,7 @@ def test_the_custom_operator_rule_builds_through_bazel_with_cann_outside_the_def
     tools.mkdir()
     log = tmp_path / "tool.log"
     (tools / "cmake").write_text("#!/bin/sh\nexit 0\n")
-    (tools / "python3").write_text(f"#!/bin/sh\necho python3-from-PATH >> {log}\nexec {sys.executable} \"$@\"\n")
+    (tools / "python3").write_text(f"#!/bin/sh\necho python3-from-PATH \"$@\" >> {log}\nexec {sys.executable} \"$@\"\n")
     for tool in ("cmake", "python3"):
         (tools / tool).chmod(0o755)
     build_sh = tmp_path / "fake_build.sh"
@@ -93,7 +93,10 @@ def test_the_custom_operator_rule_builds_through_bazel_with_cann_outside_the_def
                 "//aclnn_custom_ops:custom_ops_build", env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     text = log.read_text()
-    assert "msopgen gen" in text and "python3-from-PATH" in text and "build.sh env FAKE_CANN_ENV=bazel" in text
+    assert "msopgen gen" in text and "build.sh env FAKE_CANN_ENV=bazel" in text
+    # the rule's own script merged the presets with the shell's python3 (not only the repository rule's probe)
+    assert any(line.startswith("python3-from-PATH - ") and "/project/CMakePresets.json" in line
+               for line in text.splitlines()), text
     assert '"ASCEND_COMPUTE_UNIT": {"type": "STRING", "value": "ascend910b;ascend910_93"}' in text
     out = bazel("info", "--config=ascend", "bazel-bin", env=env).stdout.strip()
     for lib in ("libcust_opapi.so", "libcust_opsproto_rt2.0.so", "libcust_opmaster_rt2.0.so"):

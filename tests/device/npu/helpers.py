@@ -35,3 +35,24 @@ def engine(path, tok, device, **kw):
 
 def staggered(eng):
     return run_all(eng, [(ARRIVALS[i], f"r{i}", PROMPTS[i], greedy(MAX_TOKENS[i])) for i in range(len(PROMPTS))])
+
+
+def plain_attention(q, k_cache, v_cache, block_table, q_lens, kv_lens, scale, kv_heads):
+    """The fused attention's reference: float64 loops over sequences, heads and positions; causal, the queries at the
+    end of the keys; block_table a host list of rows."""
+    import torch
+
+    n_heads, bs = q.shape[1], k_cache.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    start = 0
+    for b, (ql, kl) in enumerate(zip(q_lens, kv_lens)):
+        keys = torch.stack([k_cache[block_table[b][p // bs], p % bs] for p in range(kl)]).double()
+        vals = torch.stack([v_cache[block_table[b][p // bs], p % bs] for p in range(kl)]).double()
+        for h in range(n_heads):
+            g = h // (n_heads // kv_heads)
+            for i in range(ql):
+                visible = kl - ql + i + 1
+                w = torch.softmax((keys[:visible, g] @ q[start + i, h].double()) * scale, 0)
+                out[start + i, h] = w @ vals[:visible, g]
+        start += ql
+    return out

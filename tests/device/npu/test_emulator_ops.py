@@ -11,32 +11,14 @@ from tests.npu_emulator.install import install
 torch_npu = install()
 from torch_npu._ops import NPUOpError  # noqa: E402
 
+from tests.device.npu.helpers import plain_attention  # noqa: E402
+
 torch.npu.set_device(0)
 NPU = torch.device("npu", 0)
 
 
 def npu(t):
     return t.to(NPU)
-
-
-def plain_attention(q, k_cache, v_cache, block_table, q_lens, kv_lens, scale, kv_heads):
-    """Loops over sequences, heads and positions; causal with the queries at the end of the keys."""
-    N = q.shape[1]
-    bs = k_cache.shape[1]
-    out = torch.zeros_like(q)
-    start = 0
-    for b, (ql, kl) in enumerate(zip(q_lens, kv_lens)):
-        keys = [k_cache[block_table[b][p // bs], p % bs] for p in range(kl)]   # each [KV_N, D]
-        vals = [v_cache[block_table[b][p // bs], p % bs] for p in range(kl)]
-        for h in range(N):
-            g = h // (N // kv_heads)
-            for i in range(ql):
-                visible = kl - ql + i + 1
-                s = torch.stack([q[start + i, h] @ keys[j][g] for j in range(visible)]) * scale
-                w = torch.softmax(s, 0)
-                out[start + i, h] = sum(w[j] * vals[j][g] for j in range(visible))
-        start += ql
-    return out
 
 
 def _setup(q_lens, kv_lens, N=4, KV=2, D=128, bs=128, nb=8, seed=0, dtype=torch.bfloat16):

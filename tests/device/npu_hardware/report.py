@@ -25,15 +25,10 @@ def stack() -> list[str]:
         lines += ["npu-smi: " + s.strip() for s in smi[:4] if s.strip()]
     except (OSError, subprocess.SubprocessError) as exc:
         lines.append(f"npu-smi: not available ({exc})")
-    home = os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME") or ""
-    for name in ("version.cfg", "version.info"):
-        path = os.path.join(home, name) if home else ""
-        if path and os.path.isfile(path):
-            with open(path) as f:
-                lines.append(f"CANN ({path}): " + " ".join(f.read().split())[:200])
-            break
-    else:
-        lines.append(f"CANN: ASCEND_HOME_PATH={home or 'unset'} (no version file found)")
+    from rtp_llm.device.npu.self_check import check_cann_environment
+
+    cann = check_cann_environment()
+    lines.append(f"CANN: {cann.detail}")
     code = ("import torch; print('torch', torch.__version__)\n"
             "import torch_npu; print('torch_npu', torch_npu.__version__)\n"
             "print('device', torch.npu.get_device_name(0) if torch.npu.is_available() else 'none visible')\n")
