@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from rtp_llm.device.random import uniform
+
 
 # --- reference math -----------------------------------------------------------------------------------------
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -196,3 +198,10 @@ class TorchOps:
 
     def top_k_top_p(self, logits: torch.Tensor, k, p) -> torch.Tensor:
         return apply_top_k_top_p(logits, k, p)
+
+    def exponential_race(self, probs: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        """The sampler's draw: per row argmax of probs / E, E = -log(U) with U the counter-based uniform of (seed,
+        step, token) (device/random.py), which selects token i with probability p_i; tokens of probability 0
+        score 0. U rounds to exactly 1.0 in float32 about once in 2^24 draws: E = -0 and the token scores -inf."""
+        race = probs / -torch.log(uniform(seeds, steps, probs.shape[-1]))
+        return torch.where(probs > 0, race, 0.0).argmax(dim=-1)

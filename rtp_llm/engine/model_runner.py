@@ -26,6 +26,7 @@ from rtp_llm.errors import TPWorkerError
 from rtp_llm.models.decoder import DecoderLM
 from rtp_llm.sampling import GreedyTokens, Sampler, SamplingBatch
 from rtp_llm.sampling.grammar import GrammarCompiler
+from rtp_llm.sampling.penalties import TokenCounts
 
 
 @dataclass
@@ -173,7 +174,8 @@ class ModelRunner:
         outputs = [s.output + s.draft[:j] if j else s.output for s, j in zip(seqs, ahead)]
         batch = SamplingBatch.build([s.request.params for s in seqs], [s.seed for s in seqs],
                                     [len(o) for o in outputs], [s.prompt for s in seqs], outputs,
-                                    logits.shape[-1], logits.device)
+                                    logits.shape[-1], logits.device,
+                                    counts=[self._token_counts(s, j) for s, j in zip(seqs, ahead)])
         banned = [(i, t) for i, (s, j) in enumerate(zip(seqs, ahead)) if s.bans_stop_ids(j)
                   for t in s.request.min_tokens_ids]
         if banned:  # min_tokens: stop tokens cannot be generated yet
@@ -190,6 +192,17 @@ class ModelRunner:
                             out.logprobs.cpu().tolist() if out.logprobs is not None else None,
                             out.top_ids.cpu().tolist() if out.top_ids is not None else None,
                             out.top_logprobs.cpu().tolist() if out.top_logprobs is not None else None)
+
+    @staticmethod
+    def _token_counts(seq: Sequence, ahead: int) -> Optional[TokenCounts]:
+        """A penalised sequence's seen tokens, kept on the sequence and brought up to its output; a speculating
+        row's with its first `ahead` drafts counted too."""
+        if not seq.request.params.penalises:
+            return None
+        if seq.token_counts is None:
+            seq.token_counts = TokenCounts(seq.prompt, seq.output)
+        counts = seq.token_counts.follow(seq.output)
+        return counts.plus(seq.draft[:ahead]) if ahead else counts
 
     def _grammar_masks(self, seqs, ahead, vocab: int):
         """(rows, allowed [G, vocab]) of the constrained rows, computed on the host; a speculating sequence's rows

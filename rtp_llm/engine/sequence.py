@@ -21,6 +21,7 @@ from typing import Optional
 from rtp_llm.engine.detokenizer import IncrementalDetokenizer
 from rtp_llm.sampling.grammar import Grammar
 from rtp_llm.sampling.params import SamplingParams
+from rtp_llm.sampling.penalties import TokenCounts
 
 
 class SeqState(enum.Enum):
@@ -53,6 +54,7 @@ class Sequence:
     stop_reason: Optional[object] = None  # the stop string or token id that ended it
     preemptions: int = 0
     grammar: Optional[Grammar] = None  # the matcher of a structured-output request
+    token_counts: Optional[TokenCounts] = None  # a penalised sequence's seen tokens (the model runner's)
     # Speculative decoding: this step's drafted tokens to verify, and the back-off after rejected drafts.
     draft: list[int] = field(default_factory=list)
     spec_misses: int = 0

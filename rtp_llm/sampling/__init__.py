@@ -1,4 +1,4 @@
-"""Sampling: parameters, the vectorised sampler and the counter-based RNG."""
+"""Sampling: parameters, the vectorised sampler, the penalties' token counts and structured outputs."""
 
 from rtp_llm.sampling.params import SamplingParams
 from rtp_llm.sampling.sampler import GreedyTokens, Sampler, SamplerOutput, SamplingBatch

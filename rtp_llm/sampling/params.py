@@ -76,6 +76,11 @@ class SamplingParams:
         return self.temperature == 0
 
     @property
+    def penalises(self) -> bool:
+        """Whether a repetition, presence or frequency penalty changes the logits of tokens already seen."""
+        return self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
+
+    @property
     def shapes_logits(self) -> bool:
         """Whether a token mask or bias changes the logits before sampling (logit_bias, allowed ids, bad words,
         a grammar)."""

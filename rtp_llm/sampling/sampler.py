@@ -7,7 +7,7 @@ the grammar mask (-inf; where the masks together leave a row nothing, the gramma
 Face's generate applies them: repetition penalty, presence/frequency penalties, temperature, top-k then top-p (the
 documented npu_top_k_top_p algorithm, on the device's op set), min-p, then a draw. Greedy rows take the argmax of the
 penalised logits. Draws use the exponential race argmax(p / E) with E = -log(U) and U from the counter-based
-generator (sampling/random.py), which selects token i with probability p_i.
+generator (device/random.py), which selects token i with probability p_i.
 
 Logprobs are of the model's raw distribution (log_softmax of the unprocessed logits), as vLLM
 returns by default.
@@ -22,16 +22,7 @@ import torch
 
 from rtp_llm.device.torch_ops import TorchOps
 from rtp_llm.sampling.params import SamplingParams
-from rtp_llm.sampling.random import uniform
-
-
-def _pad(rows: Sequence[Sequence[int]], fill: int, device) -> torch.Tensor:
-    width = max((len(r) for r in rows), default=0)
-    out = torch.full((len(rows), max(width, 1)), fill, dtype=torch.int64)
-    for i, r in enumerate(rows):
-        if len(r):
-            out[i, : len(r)] = torch.as_tensor(r, dtype=torch.int64)
-    return out.to(device)
+from rtp_llm.sampling.penalties import PenaltyRows, TokenCounts, apply_penalties
 
 
 @dataclass
@@ -44,11 +35,11 @@ class SamplingBatch:
     repetition: Optional[torch.Tensor]  # [R] float32
     presence: Optional[torch.Tensor]
     frequency: Optional[torch.Tensor]
-    prompt_tokens: Optional[torch.Tensor]  # [R, Lp] int64, padded with vocab (for repetition penalty)
-    output_tokens: Optional[torch.Tensor]  # [R, Lo] int64, padded with vocab
+    penalties: Optional[PenaltyRows]   # the tokens each penalised row has seen, when a row has a penalty
     seeds: torch.Tensor                # [R] int64
     steps: torch.Tensor                # [R] int64: tokens generated so far by each request
     all_greedy: bool
+    any_greedy: bool
     num_logprobs: int                  # max top logprobs over rows; -1 = none asked
     allowed: Optional[torch.Tensor] = None     # [R, V] bool: False where allowed_token_ids excludes a token
     banned: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (rows, ids): bad words' next tokens
@@ -58,7 +49,10 @@ class SamplingBatch:
     @classmethod
     def build(cls, params: Sequence[SamplingParams], seeds: Sequence[int], steps: Sequence[int],
               prompt_tokens: Sequence[Sequence[int]], output_tokens: Sequence[Sequence[int]],
-              vocab_size: int, device="cpu") -> "SamplingBatch":
+              vocab_size: int, device="cpu", counts: Optional[Sequence[Optional[TokenCounts]]] = None
+              ) -> "SamplingBatch":
+        """counts: each row's TokenCounts where the caller keeps them (penalised rows; None elsewhere); without
+        them the penalised rows' counts are made from prompt_tokens and output_tokens."""
         def col(values, dtype):
             return torch.tensor(values, dtype=dtype).to(device)
 
@@ -94,11 +88,14 @@ class SamplingBatch:
             repetition=col([p.repetition_penalty for p in params], torch.float32) if use_rep else None,
             presence=col([p.presence_penalty for p in params], torch.float32) if use_pf else None,
             frequency=col([p.frequency_penalty for p in params], torch.float32) if use_pf else None,
-            prompt_tokens=_pad(prompt_tokens, vocab_size, device) if use_rep else None,
-            output_tokens=_pad(output_tokens, vocab_size, device) if (use_rep or use_pf) else None,
+            penalties=PenaltyRows.build(
+                counts if counts is not None else
+                [TokenCounts(pt, ot) if p.penalises else None
+                 for p, pt, ot in zip(params, prompt_tokens, output_tokens)], device)
+            if (use_rep or use_pf) else None,
             seeds=col(list(seeds), torch.int64),
             steps=col(list(steps), torch.int64),
-            all_greedy=all(greedy),
+            all_greedy=all(greedy), any_greedy=any(greedy),
             num_logprobs=max(logprobs) if logprobs else -1,
             allowed=allowed, banned=banned, bias=bias,
         )
@@ -130,16 +127,8 @@ class GreedyTokens:
 
     @staticmethod
     def applies(params: SamplingParams) -> bool:
-        return (params.temperature == 0 and params.n == 1 and params.logprobs is None
-                and params.repetition_penalty == 1 and params.presence_penalty == 0
-                and params.frequency_penalty == 0 and not params.shapes_logits)
-
-
-def _counts(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[R, V] occurrences of each token; the padding id (vocab) lands in a dropped extra column."""
-    out = torch.zeros(tokens.shape[0], vocab + 1, dtype=torch.float32, device=tokens.device)
-    out.scatter_add_(1, tokens, torch.ones_like(tokens, dtype=torch.float32))
-    return out[:, :vocab]
+        return (params.temperature == 0 and params.n == 1 and params.logprobs is None and not params.penalises
+                and not params.shapes_logits)
 
 
 class Sampler:
@@ -169,36 +158,29 @@ class Sampler:
             logits.index_copy_(0, rows, shaped)
         return logits
 
-    def apply_penalties(self, logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
-        vocab = logits.shape[-1]
-        if b.repetition is not None:
-            seen = (_counts(b.prompt_tokens, vocab) + _counts(b.output_tokens, vocab)) > 0
-            rep = b.repetition[:, None]
-            logits = torch.where(seen, torch.where(logits < 0, logits * rep, logits / rep), logits)
-        if b.presence is not None:
-            counts = _counts(b.output_tokens, vocab)
-            logits = logits - b.frequency[:, None] * counts - b.presence[:, None] * (counts > 0).float()
-        return logits
+    @staticmethod
+    def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+        if b.penalties is None:
+            return logits
+        return apply_penalties(logits, b.penalties, b.repetition, b.presence, b.frequency)
 
     def __call__(self, logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
         logits = logits.float()
         raw = logits
         logits = self.apply_penalties(self.shape_logits(logits, b), b)
-        greedy_ids = logits.argmax(dim=-1)
         if b.all_greedy:
-            token_ids = greedy_ids
+            token_ids = logits.argmax(dim=-1)
         else:
+            greedy_ids = logits.argmax(dim=-1) if b.any_greedy else None
             logits = logits / b.temperature[:, None]
             logits = self.ops.top_k_top_p(logits, b.top_k, b.top_p)
             probs = torch.softmax(logits, dim=-1)
             if b.min_p is not None:
                 keep = probs >= b.min_p[:, None] * probs.max(dim=-1, keepdim=True).values
                 probs = torch.where(keep, probs, torch.zeros((), device=probs.device))
-            # U rounds to exactly 1.0 in float32 about once in 2^24 draws: E = 0, and a masked token's 0 / 0 would be
-            # a NaN that argmax picks. A token of probability 0 never wins.
-            race = probs / -torch.log(uniform(b.seeds, b.steps, probs.shape[-1]))
-            race = torch.where(probs > 0, race, 0.0)
-            token_ids = torch.where(b.greedy, greedy_ids, race.argmax(dim=-1))
+            token_ids = self.ops.exponential_race(probs, b.seeds, b.steps)
+            if greedy_ids is not None:
+                token_ids = torch.where(b.greedy, greedy_ids, token_ids)
         out = SamplerOutput(token_ids=token_ids)
         if b.num_logprobs >= 0:
             logp = torch.log_softmax(raw, dim=-1)

@@ -276,6 +276,21 @@ def test_logit_bias_matches_transformers_sequence_bias(tiny):
     assert forced.token_ids == [123] * 5
 
 
+def test_repetition_penalty_matches_transformers_alone_and_in_a_batch(tiny):
+    """The penalty reads the sequence's counts as the runner keeps them step by step (and a sibling batch row's
+    counts never leak in): greedy tokens equal transformers' generate with the same penalty."""
+    prompt = PROMPTS[1]
+    expected = hf_greedy_with(tiny, prompt, 16, repetition_penalty=1.8)
+    assert expected != tiny.greedy(prompt, 16)  # the penalty changes the answer
+    alone = run_all(tiny.engine(), [(0, "a", prompt, greedy(16, repetition_penalty=1.8))])["a"].outputs[0]
+    assert alone.token_ids == expected
+    batch = run_all(tiny.engine(max_prefill_chunk=5), [
+        (0, "other", PROMPTS[2], greedy(20, repetition_penalty=1.3, frequency_penalty=0.5)),
+        (2, "a", prompt, greedy(16, repetition_penalty=1.8)),
+        (3, "plain", PROMPTS[3], greedy(10))])
+    assert batch["a"].outputs[0].token_ids == expected
+
+
 def test_bad_words_match_transformers_bad_words_ids(tiny):
     prompt = PROMPTS[2]
     ref = tiny.greedy(prompt, 12)

@@ -86,10 +86,17 @@ def test_presence_and_frequency_penalties_follow_the_openai_definition():
     assert ours == pytest.approx([0, -(3 * 0.25 + 0.5), 0, -(0.25 + 0.5), 0, 0])
 
 
-def _empirical(logits: torch.Tensor, params: SamplingParams, n: int = 40000) -> torch.Tensor:
+def _ops(name: str):
+    if name == "torch":
+        return None  # Sampler's default: TorchOps, the reference every device runs unless it has a kernel
+    from rtp_llm.device.cpu.ops import CpuOps
+    return CpuOps()
+
+
+def _empirical(logits: torch.Tensor, params: SamplingParams, n: int = 40000, ops=None) -> torch.Tensor:
     rows = logits.expand(n, -1)
     b = SamplingBatch.build([params] * n, list(range(n)), [0] * n, [[]] * n, [[]] * n, logits.shape[-1])
-    toks = Sampler()(rows, b).token_ids
+    toks = Sampler(ops)(rows, b).token_ids
     return torch.bincount(toks, minlength=logits.shape[-1]).float() / n
 
 
@@ -109,8 +116,9 @@ def _expected(logits: torch.Tensor, warpers) -> torch.Tensor:
     (SamplingParams(temperature=1.0, top_k=5, top_p=0.9), [TopKLogitsWarper(5), TopPLogitsWarper(0.9)]),
     (SamplingParams(temperature=1.0, min_p=0.3), [MinPLogitsWarper(0.3)]),
 ])
-def test_samples_follow_the_defined_distribution(params, warpers):
-    got = _empirical(LOGITS, params)
+@pytest.mark.parametrize("ops", ["torch", "cpu"])
+def test_samples_follow_the_defined_distribution(params, warpers, ops):
+    got = _empirical(LOGITS, params, ops=_ops(ops))
     want = _expected(LOGITS, warpers)
     # 40k draws: one standard error is <= 0.0025; 0.012 is ~5 of them.
     assert (got - want).abs().max().item() < 0.012
@@ -154,7 +162,7 @@ def test_invalid_params_name_the_field():
 def test_a_token_of_probability_zero_is_never_drawn_even_when_its_uniform_is_one():
     """uniform() rounds to exactly 1.0 in float32 about once in 2^24 draws (E = -log U = 0): a token the filters
     removed (probability 0) must still lose, not become 0 / 0 = NaN, which argmax picks."""
-    from rtp_llm.sampling.random import uniform
+    from rtp_llm.device.random import uniform
 
     vocab, rows = 1 << 18, 96
     u = uniform(torch.arange(rows, dtype=torch.int64), torch.zeros(rows, dtype=torch.int64), vocab)

@@ -202,6 +202,9 @@ void write_kv_rows(const at::Tensor& rows, at::Tensor& cache, const int64_t* slo
 // --- sampling (top_k_top_p.cc): the CPU twin of the NPU's top-k/top-p operator ------------------------------
 at::Tensor apply_top_k_top_p(const at::Tensor& logits, const std::optional<at::Tensor>& k,
                              const std::optional<at::Tensor>& p);
+// The draw (exponential_race.cc): per row argmax of p / -log(U) over [rows, vocab] float32 probabilities, U the
+// counter-based uniform of (seed, step, token) from rtp_llm/device/random.py; tokens of probability 0 score 0.
+at::Tensor exponential_race(const at::Tensor& probs, const at::Tensor& seeds, const at::Tensor& steps);
 
 // --- every decoder layer of a step in one call (decoder_layers.cc) -----------------------------------------
 // q_starts given: the rows are prefills, attended by prefill_attention (block_table / kv_lens per sequence);

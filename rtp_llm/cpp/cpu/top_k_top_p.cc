@@ -2,12 +2,13 @@
 // math), giving the same masks as rtp_llm/device/torch_ops.py (apply_top_k_top_p) without sorting the vocabulary.
 //
 // Per row (rows in parallel):
-//   top-k: the k-th largest value by nth_element; survivors are values >= it (ties survive).
+//   top-k: the k-th largest value by nth_element on a copy of the values; survivors are values >= it (ties
+//          survive).
 //   top-p: e = exp(x - max) over survivors in float64, total = sum(e). Walking survivors in ascending
 //          (value, index) order, a token is dropped while the cumulative sum <= (1 - p) * total; the
-//          largest is always kept. Dropped tokens are a prefix of that order, so only the top m
-//          survivors are sorted (m doubling from 256 until the boundary is inside them), and the mass
-//          below them is total - their sum.
+//          largest is always kept. Dropped tokens are a prefix of that order, so only the top set is sorted
+//          (survivors >= the m-th largest, m doubling from 256 until the boundary is inside it), and the mass
+//          below it is total - its sum.
 // Float64 makes the result independent of summation order, so it matches the torch version's masks.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -16,6 +17,7 @@
 #include "rtp_llm/cpp/cpu/ops.h"
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -24,46 +26,78 @@
 namespace rtp_llm {
 namespace {
 
+struct Scored {
+    float v;
+    int32_t i;
+};
+// (value, index) ascending is the documented stable ascending order
+inline bool ascending(const Scored& a, const Scored& b) { return a.v < b.v || (a.v == b.v && a.i < b.i); }
+
+// The m-th largest of values (1 <= m <= n), with scratch as working space: a min-heap of the m largest in one
+// pass when m is small against n (most values fail the one compare with its top), else nth_element.
+inline float mth_largest(const float* values, int64_t n, int64_t m, std::vector<float>& scratch) {
+    if (m * 16 <= n) {
+        scratch.assign(values, values + m);
+        std::make_heap(scratch.begin(), scratch.end(), std::greater<float>());
+        for (int64_t i = m; i < n; ++i) {
+            if (values[i] > scratch.front()) {
+                std::pop_heap(scratch.begin(), scratch.end(), std::greater<float>());
+                scratch.back() = values[i];
+                std::push_heap(scratch.begin(), scratch.end(), std::greater<float>());
+            }
+        }
+        return scratch.front();
+    }
+    scratch.assign(values, values + n);
+    std::nth_element(scratch.begin(), scratch.begin() + (m - 1), scratch.end(), std::greater<float>());
+    return scratch[m - 1];
+}
+
 template <typename T>
 void row_top_k_top_p(const T* in, T* out, int64_t vocab, int64_t k, bool use_k, double p, bool use_p,
-                     std::vector<int32_t>& idx, std::vector<double>& e) {
+                     std::vector<float>& vals, std::vector<float>& scratch, std::vector<Scored>& top) {
     const T neg_inf = static_cast<T>(-std::numeric_limits<float>::infinity());
-    auto value = [&](int32_t i) { return static_cast<float>(in[i]); };
-    // (value, index) ascending is the documented stable ascending order
-    auto less = [&](int32_t a, int32_t b) { return value(a) < value(b) || (value(a) == value(b) && a < b); };
-    auto greater = [&](int32_t a, int32_t b) { return less(b, a); };
-
-    idx.resize(vocab);
-    std::iota(idx.begin(), idx.end(), 0);
-    int64_t n = vocab;  // survivors are idx[0, n)
-    if (use_k && k < vocab) {
-        std::nth_element(idx.begin(), idx.begin() + (k - 1), idx.end(), greater);
-        const float thr = value(idx[k - 1]);
-        n = std::partition(idx.begin(), idx.end(), [&](int32_t i) { return value(i) >= thr; }) - idx.begin();
-    }
+    vals.resize(vocab);
+    for (int64_t i = 0; i < vocab; ++i) vals[i] = static_cast<float>(in[i]);
+    const bool cut_k = use_k && k < vocab;
+    // top-k survivors: values >= the k-th largest (ties survive); selected on a copy of the values, not indices
+    const float thr_k = cut_k ? mth_largest(vals.data(), vocab, k, scratch) : 0.0f;
+    auto survives = [&](int64_t i) { return !cut_k || vals[i] >= thr_k; };
     for (int64_t i = 0; i < vocab; ++i) out[i] = neg_inf;
     if (!use_p) {
-        for (int64_t j = 0; j < n; ++j) out[idx[j]] = in[idx[j]];
+        for (int64_t i = 0; i < vocab; ++i)
+            if (survives(i)) out[i] = in[i];
         return;
     }
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, value(idx[j]));
-    e.resize(vocab);
+    if (cut_k) {  // the survivors' values, in scratch
+        scratch.clear();
+        for (int64_t i = 0; i < vocab; ++i)
+            if (survives(i)) scratch.push_back(vals[i]);
+    }
+    const float* kept = cut_k ? scratch.data() : vals.data();
+    const int64_t n = cut_k ? static_cast<int64_t>(scratch.size()) : vocab;
+    const float mx = *std::max_element(kept, kept + n);
     double total = 0.0;
-    for (int64_t j = 0; j < n; ++j) total += (e[idx[j]] = std::exp(static_cast<double>(value(idx[j])) - mx));
+    for (int64_t j = 0; j < n; ++j) total += std::exp(static_cast<double>(kept[j]) - mx);
     const double drop_mass = (1.0 - p) * total;
-
+    std::vector<float> sel;
     for (int64_t m = std::min<int64_t>(256, n);; m = std::min<int64_t>(2 * m, n)) {
-        // the top m survivors, in ascending order, at idx[n - m, n)
-        std::nth_element(idx.begin(), idx.begin() + (n - m), idx.begin() + n, less);
-        std::sort(idx.begin() + (n - m), idx.begin() + n, less);
-        double below = 0.0;  // mass of the survivors under the top m
-        for (int64_t j = 0; j < n - m; ++j) below += e[idx[j]];
-        if (m < n && below > drop_mass) continue;  // the boundary is further down: widen
+        // the top set: survivors >= the m-th largest survivor (ties included), in ascending order
+        const bool all = m == n;
+        float thr = 0.0f;
+        if (!all) thr = mth_largest(kept, n, m, sel);
+        top.clear();
+        for (int64_t i = 0; i < vocab; ++i)
+            if (survives(i) && (all || vals[i] >= thr)) top.push_back({vals[i], static_cast<int32_t>(i)});
+        std::sort(top.begin(), top.end(), ascending);
+        double top_mass = 0.0;
+        for (const Scored& s : top) top_mass += std::exp(static_cast<double>(s.v) - mx);
+        const double below = all ? 0.0 : total - top_mass;  // mass of the survivors under the top set
+        if (!all && below > drop_mass) continue;  // the boundary is further down: widen
         double cum = below;
-        for (int64_t j = n - m; j < n; ++j) {
-            cum += e[idx[j]];
-            if (cum > drop_mass || j == n - 1) out[idx[j]] = in[idx[j]];
+        for (size_t j = 0; j < top.size(); ++j) {
+            cum += std::exp(static_cast<double>(top[j].v) - mx);
+            if (cum > drop_mass || j + 1 == top.size()) out[top[j].i] = in[top[j].i];
         }
         return;
     }
@@ -90,12 +124,13 @@ at::Tensor apply_top_k_top_p(const at::Tensor& logits, const std::optional<at::T
         const scalar_t* in = x.data_ptr<scalar_t>();
         scalar_t* o = out.data_ptr<scalar_t>();
         parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-            std::vector<int32_t> idx;
-            std::vector<double> e;
+            std::vector<float> vals, scratch;
+            std::vector<Scored> top;
             for (int64_t r = begin; r < end; ++r) {
                 const int64_t kk = kt.defined() ? std::min(std::max<int64_t>(kt.data_ptr<int64_t>()[r], 1), vocab) : vocab;
                 const double pp = pt.defined() ? static_cast<double>(pt.data_ptr<float>()[r]) : 1.0;
-                row_top_k_top_p(in + r * vocab, o + r * vocab, vocab, kk, kt.defined(), pp, pt.defined(), idx, e);
+                row_top_k_top_p(in + r * vocab, o + r * vocab, vocab, kk, kt.defined(), pp, pt.defined(), vals, scratch,
+                                top);
             }
         });
     });

@@ -54,6 +54,7 @@ TORCH_LIBRARY(rtp_llm, m) {
     m.def("write_kv(Tensor k, Tensor v, Tensor(a!) layer_kv, Tensor slots) -> ()");
 
     m.def("apply_top_k_top_p(Tensor logits, Tensor? k, Tensor? p) -> Tensor");
+    m.def("exponential_race(Tensor probs, Tensor seeds, Tensor steps) -> Tensor");
 
     m.def("decoder_layer_slots() -> str[]", &decoder_layer_slots);
     m.def("decoder_layer_linears() -> str[]", &decoder_layer_linears);
@@ -89,6 +90,7 @@ TORCH_LIBRARY_IMPL(rtp_llm, CPU, m) {
     m.impl("prefill_attention", &prefill_attention);
     m.impl("write_kv", &write_kv);
     m.impl("apply_top_k_top_p", &apply_top_k_top_p);
+    m.impl("exponential_race", &exponential_race);
     m.impl("decoder_layers", &decoder_layers);
 }
 

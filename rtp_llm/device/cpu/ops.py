@@ -139,3 +139,8 @@ class CpuOps(TorchOps):
         if k is None and p is None:
             return logits
         return self.kernels.apply_top_k_top_p(logits, k, p)
+
+    def exponential_race(self, probs, seeds, steps):
+        if probs.dtype != torch.float32 or probs.device.type != "cpu":
+            return super().exponential_race(probs, seeds, steps)
+        return self.kernels.exponential_race(probs, seeds, steps)

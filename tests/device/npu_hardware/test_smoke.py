@@ -70,9 +70,9 @@ def test_cache_write_lands_in_its_slots():
 
 
 def test_the_sampler_rng_draws_the_cpu_bits():
-    """rtp_llm/sampling/random.py is int64 multiply / xor / shift: on the AI Core it must wrap as on the CPU, or
+    """rtp_llm/device/random.py is int64 multiply / xor / shift: on the AI Core it must wrap as on the CPU, or
     seeded sampling is no longer device independent."""
-    from rtp_llm.sampling.random import uniform
+    from rtp_llm.device.random import uniform
 
     seeds = torch.tensor([0, 1, 12345, 2 ** 62 + 7, -5])
     steps = torch.tensor([0, 3, 100, 1, 2 ** 40])
