@@ -6,9 +6,9 @@
 //          survive).
 //   top-p: e = exp(x - max) over survivors in float64, total = sum(e). Walking survivors in ascending
 //          (value, index) order, a token is dropped while the cumulative sum <= (1 - p) * total; the
-//          largest is always kept. Dropped tokens are a prefix of that order, so only the top set is sorted
-//          (survivors >= the m-th largest, m doubling from 256 until the boundary is inside it), and the mass
-//          below it is total - its sum.
+//          largest is always kept. Dropped tokens are a prefix of that order, so only a top set is sorted (first
+//          the fewest top buckets of a mass histogram that hold the kept mass; should rounding put the boundary
+//          below it, survivors >= the m-th largest, m doubling), and the mass below it is total - its sum.
 // Float64 makes the result independent of summation order, so it matches the torch version's masks.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -77,29 +77,50 @@ void row_top_k_top_p(const T* in, T* out, int64_t vocab, int64_t k, bool use_k, 
     const float* kept = cut_k ? scratch.data() : vals.data();
     const int64_t n = cut_k ? static_cast<int64_t>(scratch.size()) : vocab;
     const float mx = *std::max_element(kept, kept + n);
+    // Mass per bucket of 1/8 logit below the max, beside the total: the fewest top buckets holding the kept mass
+    // give the first top set to try, so one sort usually settles the row.
+    constexpr int kBuckets = 512;
+    auto bucket = [mx](float v) {
+        const float d = (mx - v) * 8.0f;
+        return d < kBuckets - 1 ? static_cast<int>(d) : kBuckets - 1;  // NaN and -inf: the last
+    };
+    double mass[kBuckets] = {};
     double total = 0.0;
-    for (int64_t j = 0; j < n; ++j) total += std::exp(static_cast<double>(kept[j]) - mx);
+    for (int64_t j = 0; j < n; ++j) {
+        const double e = std::exp(static_cast<double>(kept[j]) - mx);
+        total += e;
+        mass[bucket(kept[j])] += e;
+    }
     const double drop_mass = (1.0 - p) * total;
-    std::vector<float> sel;
-    for (int64_t m = std::min<int64_t>(256, n);; m = std::min<int64_t>(2 * m, n)) {
-        // the top set: survivors >= the m-th largest survivor (ties included), in ascending order
-        const bool all = m == n;
-        float thr = 0.0f;
-        if (!all) thr = mth_largest(kept, n, m, sel);
+    int last = 0;
+    for (double acc = 0.0; last < kBuckets - 1; ++last)
+        if ((acc += mass[last]) >= (total - drop_mass) + 1e-12 * total) break;
+
+    // Sorts the top set (survivors for which `in_top`, an upper set of the value order) and keeps its tokens
+    // above the boundary; false when the boundary lies below the set.
+    auto settle = [&](bool all, auto in_top) {
         top.clear();
         for (int64_t i = 0; i < vocab; ++i)
-            if (survives(i) && (all || vals[i] >= thr)) top.push_back({vals[i], static_cast<int32_t>(i)});
+            if (survives(i) && (all || in_top(vals[i]))) top.push_back({vals[i], static_cast<int32_t>(i)});
         std::sort(top.begin(), top.end(), ascending);
         double top_mass = 0.0;
         for (const Scored& s : top) top_mass += std::exp(static_cast<double>(s.v) - mx);
         const double below = all ? 0.0 : total - top_mass;  // mass of the survivors under the top set
-        if (!all && below > drop_mass) continue;  // the boundary is further down: widen
+        if (!all && below > drop_mass) return false;
         double cum = below;
         for (size_t j = 0; j < top.size(); ++j) {
             cum += std::exp(static_cast<double>(top[j].v) - mx);
             if (cum > drop_mass || j + 1 == top.size()) out[top[j].i] = in[top[j].i];
         }
-        return;
+        return true;
+    };
+    if (settle(last == kBuckets - 1, [&](float v) { return bucket(v) <= last; })) return;
+    std::vector<float> sel;
+    for (int64_t m = std::min<int64_t>(std::max<int64_t>(1, 2 * static_cast<int64_t>(top.size())), n);;
+         m = std::min<int64_t>(2 * m, n)) {
+        // survivors >= the m-th largest survivor (ties included)
+        const float thr = m < n ? mth_largest(kept, n, m, sel) : 0.0f;
+        if (settle(m == n, [thr](float v) { return v >= thr; })) return;
     }
 }
 
