@@ -168,8 +168,8 @@ FLAGS = [
          choices=("auto", "on", "off"), engine="device_options.cpu_gemv_weights"),
     Flag("cpu_gguf_blocks", "CPU_GGUF_BLOCKS", str, "auto",
          "CPU, quantization auto: keep a GGUF's block formats in memory (on), or dequantize them at load (off); auto "
-         "= keep them where the block kernels are as fast as the float32 ones (AVX-512), else dequantize (the same "
-         "values, several times faster on AVX2 CPUs, the float32 weights' memory)",
+         "= keep them where a block kernel runs (AVX-512 or AVX2), else dequantize (the same values, the float32 "
+         "weights' memory)",
          choices=("auto", "on", "off"), engine="device_options.cpu_gguf_blocks"),
     Flag("npu_graph", "NPU_GRAPH", str, "on",
          "NPU: decode steps replay an NPU graph captured per batch size (1, 2, 4 .. 128, up to max_num_seqs), the "

@@ -267,10 +267,10 @@ def test_an_engine_load_parses_its_gguf_once_and_keeps_nothing(tmp_path, monkeyp
 
 
 def test_gguf_blocks_are_kept_where_their_kernels_are_fast_unless_told(tiny):
-    """quantization auto keeps the blocks on AVX-512 CPUs and dequantizes them at load elsewhere (the AVX2 block
-    kernel is a scalar decode); cpu_gguf_blocks on / off decides it either way, for the same greedy tokens."""
+    """quantization auto keeps the blocks where a block kernel runs (AVX-512 or AVX2) and dequantizes them at load
+    elsewhere; cpu_gguf_blocks on / off decides it either way, for the same greedy tokens."""
     fmt, path = tiny
-    fast = CpuOps(gguf_blocks="on").kernels.cpu_isa() == "avx512"
+    fast = CpuOps(gguf_blocks="on").kernels.cpu_isa() in ("avx512", "avx2")
     tokens = {}
     for blocks in ("auto", "on", "off"):
         model, cfg = load_model(path, ops=CpuOps(gguf_blocks=blocks), quantization="auto")

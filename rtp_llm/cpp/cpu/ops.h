@@ -58,7 +58,7 @@ void quant_linear_out(const at::Tensor& x, const at::Tensor& w, const std::optio
 // ([gate; up]) or none.
 at::Tensor quant_linear_silu(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
                              int64_t inter);
-// Rows up to which quant_linear's AVX-512 kernel decodes the blocks in registers instead of into a panel.
+// Rows up to which quant_linear's kernels decode the blocks in registers instead of into a panel.
 constexpr int64_t kQuantDirectRows = 4;
 // The blocks as float32 [N, K] (gguf.quants.dequantize's values): references, tensor-parallel fallbacks.
 at::Tensor quant_dequantize(const at::Tensor& w);
@@ -70,6 +70,9 @@ int64_t quant_packed_elements(int format);
 // format: quant::Format; the AVX-512 kernel of quant_linear on packed blocks.
 void quant_linear_avx512(int format, const uint8_t* w, const float* x, const float* bias, float* out, int64_t m,
                          int64_t k, int64_t n);
+// The same on 8 lanes (quant_linear_avx2.cc), where the CPU lacks AVX-512: the same weights and sums, so the same bits.
+void quant_linear_avx2(int format, const uint8_t* w, const float* x, const float* bias, float* out, int64_t m,
+                       int64_t k, int64_t n);
 // quant_linear_silu's AVX-512 kernel: bias in the panels' order, out [m, inter].
 void quant_linear_silu_avx512(int format, const uint8_t* w, const float* x, const float* bias, float* out, int64_t m,
                               int64_t k, int64_t inter);
@@ -147,6 +150,10 @@ void panel_linear_fp32_avx2(const float* panels, const float* x, const float* bi
                             int64_t n);
 void panel_linear_bf16_avx2(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
                             int64_t m, int64_t pairs, int64_t n);
+// rows of x [rows, k] by one fp32 panel [k, 48] into out's columns [0, cols) (ldo apart), + bias: quant_linear_avx2's
+// panel path.
+void panel_block_fp32_avx2(const float* panel, const float* x, const float* bias, float* out, int64_t ldo, int64_t k,
+                           int cols, int64_t rows);
 
 // --- the greedy LM head (greedy_head.cc, AVX-512 + avx512_bf16) ---------------------------------------------
 // A float32 head [N, K] -> its per-row error bounds [3, N] (|w - bf16(w)|, |bf16(w)|, |w|, rounded up).

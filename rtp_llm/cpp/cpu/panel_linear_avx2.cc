@@ -198,6 +198,11 @@ void panel_linear_fp32_avx2(const float* panels, const float* x, const float* bi
     panel_gemm<Fp32Panel>(panels, x, bias, out, m, k, n);
 }
 
+void panel_block_fp32_avx2(const float* panel, const float* x, const float* bias, float* out, int64_t ldo, int64_t k,
+                           int cols, int64_t rows) {
+    panel_rows<Fp32Panel>(panel, x, k, k, bias, out, ldo, cols, rows, nullptr);
+}
+
 void panel_linear_bf16_avx2(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
                             int64_t m, int64_t pairs, int64_t n) {
     // each pair (k = 2i low half, 2i + 1 high half) as two floats, the high one first: the order of the sums
@@ -214,6 +219,7 @@ void panel_linear_bf16_avx2(const uint32_t* panels, const uint32_t* x_pairs, con
 #else  // without AVX2 the planner packs no panels (cpu_isa "scalar")
 
 void panel_linear_fp32_avx2(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t) {}
+void panel_block_fp32_avx2(const float*, const float*, const float*, float*, int64_t, int64_t, int, int64_t) {}
 void panel_linear_bf16_avx2(const uint32_t*, const uint32_t*, const float*, c10::BFloat16*, int64_t, int64_t,
                             int64_t) {}
 

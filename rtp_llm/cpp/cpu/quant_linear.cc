@@ -28,41 +28,6 @@ namespace {
 
 using quant::Format;
 
-// The AVX2 kernel (every CPU this library runs on has AVX2 and FMA): a 48-column panel decoded (scalar) into
-// [k, 48] floats, then per row six 8-wide chains over k, as the AVX-512 tiles' lanes sum.
-void quant_linear_avx2(Format f, const uint8_t* w, const float* x, const float* bias, float* out, int64_t m,
-                       int64_t k, int64_t n) {
-    const int64_t per = quant::elements(f), blocks = k / per, bytes = quant::packed_layout(f).bytes;
-    const int64_t groups = (n + quant::kLanes - 1) / quant::kLanes, panels = (n + kPanelCols - 1) / kPanelCols;
-    parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-        std::vector<float> panel(static_cast<size_t>(k * kPanelCols), 0.f);
-        for (int64_t p = p0; p < p1; ++p) {
-            const int64_t g0 = p * (kPanelCols / quant::kLanes);
-            for (int64_t g = g0; g < std::min(groups, g0 + kPanelCols / quant::kLanes); ++g)
-                for (int64_t b = 0; b < blocks; ++b)
-                    for (int r = 0; r < quant::kLanes; ++r)
-                        for (int e = 0; e < per; ++e)
-                            panel[(b * per + e) * kPanelCols + 16 * (g - g0) + r] =
-                                quant::packed_value(f, w + (g * blocks + b) * bytes, r, static_cast<int>(e));
-            const int64_t cols = std::min<int64_t>(kPanelCols, n - p * kPanelCols);
-            for (int64_t r = 0; r < m; ++r) {
-                __m256 acc[6];
-                for (auto& a : acc) a = _mm256_setzero_ps();
-                const float* xr = x + r * k;
-                for (int64_t i = 0; i < k; ++i) {
-                    const __m256 xv = _mm256_set1_ps(xr[i]);
-                    for (int c = 0; c < 6; ++c)
-                        acc[c] = _mm256_fmadd_ps(_mm256_loadu_ps(&panel[i * kPanelCols + 8 * c]), xv, acc[c]);
-                }
-                alignas(32) float sums[kPanelCols];
-                for (int c = 0; c < 6; ++c) _mm256_store_ps(sums + 8 * c, acc[c]);
-                for (int64_t j = 0; j < cols; ++j)
-                    out[r * n + p * kPanelCols + j] = sums[j] + (bias ? bias[p * kPanelCols + j] : 0.f);
-            }
-        }
-    });
-}
-
 Format checked_format(const at::Tensor& w) {
     TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 3 && w.is_contiguous(),
                 "quant_pack / quant_dequantize: the weight must be contiguous uint8 blocks [N, blocks, block bytes]");
@@ -172,8 +137,8 @@ void quant_linear_out(const at::Tensor& x, const at::Tensor& w, const std::optio
         quant_linear_avx512(static_cast<int>(f), w.data_ptr<uint8_t>(), xc.data_ptr<float>(), bp,
                             out.data_ptr<float>(), xc.size(0), k, n);
     } else {
-        quant_linear_avx2(f, w.data_ptr<uint8_t>(), xc.data_ptr<float>(), bp, out.data_ptr<float>(), xc.size(0), k,
-                          n);
+        quant_linear_avx2(static_cast<int>(f), w.data_ptr<uint8_t>(), xc.data_ptr<float>(), bp,
+                          out.data_ptr<float>(), xc.size(0), k, n);
     }
 }
 

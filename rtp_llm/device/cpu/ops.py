@@ -45,14 +45,13 @@ class CpuOps(TorchOps):
 
     def __init__(self, gemv_weights: str = "auto", available_memory=available_memory, gguf_blocks: str = "auto"):
         """gguf_blocks: keep GGUF matrices as stored under quantization "auto": on, off, or auto = where the block
-        kernels run at the dense kernels' speed (AVX-512; the AVX2 kernel decodes its panels in scalar code, so
-        there the float32 copy of the same values is several times faster)."""
+        kernels run (AVX-512 or AVX2: at the float32 panels' speed or faster, from a fraction of their memory)."""
         from rtp_llm._native import ops
 
         self.kernels = ops()
         if gguf_blocks not in GGUF_BLOCKS:
             raise ValueError(f"cpu_gguf_blocks must be one of {', '.join(GGUF_BLOCKS)}, got {gguf_blocks!r}")
-        self.keep_blocks = self.kernels.cpu_isa() == "avx512" if gguf_blocks == "auto" else gguf_blocks == "on"
+        self.keep_blocks = self.kernels.cpu_isa() != "scalar" if gguf_blocks == "auto" else gguf_blocks == "on"
         self.planner = LinearPlanner(self.kernels, gemv_weights, available_memory)
         self.panel_dtypes = self.planner.panel_dtypes
         self.gated_dtypes = self.planner.gated_dtypes  # gate_up packed as gated panels (the SiLU in its epilogue)

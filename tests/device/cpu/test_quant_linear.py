@@ -127,8 +127,6 @@ def test_the_dequantized_models_fp32_panels_bit_for_bit(fmt, make):
     """The product is the fp32 panel kernel's on the dequantized matrix, bits included (NaN and inf where the
     extreme blocks make them), at every row count: the few-row path that decodes in registers and the panel path
     alike, so serving a GGUF as stored or dequantized gives the same logits."""
-    if R.cpu_isa() != "avx512":
-        pytest.skip("the fp32 panels need AVX-512")
     n, k = 100, 512
     raw = make(fmt, n, k, seed=11)
     blocks = as_blocks(raw, fmt)
@@ -261,9 +259,8 @@ def test_q4_1_slot_words_or_q5_1():
         for m in (1, 2, 3, 4, 5, 9, 33, 200):
             x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
             ours = R.quant_linear(x, packed, bias, n)
-            if R.cpu_isa() == "avx512":
-                theirs = R.panel_linear(x, R.pack_panels(dense), bias, n)
-                assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32)), m
+            theirs = R.panel_linear(x, R.pack_panels(dense), bias, n)
+            assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32)), m
             ref = x.double() @ dense.double().T + bias.double()
             finite = torch.isfinite(ref)
             tol = (x.double().abs() @ dense.double().abs().T) * (k * 2.0 ** -23)
@@ -293,7 +290,7 @@ print(json.dumps({{"isa": R.cpu_isa(), "bits": y.view(torch.int32).flatten().tol
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("fmt", ["Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("fmt", ALL)
 def test_same_bits_without_avx512(fmt):
     native = _run_in_process({}, fmt)
     portable = _run_in_process({"RTP_LLM_CPU_NO_AVX512": "1"}, fmt)
