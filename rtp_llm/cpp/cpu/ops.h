@@ -150,10 +150,10 @@ void panel_linear_fp32_avx2(const float* panels, const float* x, const float* bi
                             int64_t n);
 void panel_linear_bf16_avx2(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
                             int64_t m, int64_t pairs, int64_t n);
-// rows of x [rows, k] by one fp32 panel [k, 48] into out's columns [0, cols) (ldo apart), + bias: quant_linear_avx2's
-// panel path.
+// rows of x [rows, k] by one fp32 panel [k, 48] into out's columns [0, cols) (ldo apart), + bias, asking L2 for
+// `lines` cache lines from `ahead` meanwhile: quant_linear_avx2's panel path.
 void panel_block_fp32_avx2(const float* panel, const float* x, const float* bias, float* out, int64_t ldo, int64_t k,
-                           int cols, int64_t rows);
+                           int cols, int64_t rows, const char* ahead, int64_t lines);
 
 // --- the greedy LM head (greedy_head.cc, AVX-512 + avx512_bf16) ---------------------------------------------
 // A float32 head [N, K] -> its per-row error bounds [3, N] (|w - bf16(w)|, |bf16(w)|, |w|, rounded up).

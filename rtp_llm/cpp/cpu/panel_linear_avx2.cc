@@ -143,7 +143,7 @@ constexpr StripFn<E> kStrips[kTileRows + 1] = {nullptr, &tile<E, 1, 2>, &tile<E,
 // chains, one sequential stream); more take it in 16-column strips of 6-row tiles (2 panel loads per 12 FMAs).
 template <typename E>
 void panel_rows(const typename E::W* pan, const float* xs, int64_t ldx, int64_t k, const float* bias,
-                typename E::Out* out, int64_t ldo, int cols, int64_t rows, const typename E::W* next) {
+                typename E::Out* out, int64_t ldo, int cols, int64_t rows, const char* next, int64_t lines) {
     if (rows == 1) return tile<E, 1, kPanelCols / 8>(pan, xs, ldx, k, bias, out, ldo, cols);
     // the first two rows take the panel whole: one sequential stream from memory, which leaves the panel in L2
     // for the strips
@@ -156,7 +156,7 @@ void panel_rows(const typename E::W* pan, const float* xs, int64_t ldx, int64_t 
     // FMA latency, so it costs nearly as much as a full one)
     const int64_t tiles = (rows + kTileRows - 1) / kTileRows, base = rows / tiles, extra = rows % tiles;
     const int64_t strips = (cols + kStripCols - 1) / kStripCols;
-    const int64_t lines = next ? k * kPanelCols * static_cast<int64_t>(sizeof(typename E::W)) / 64 : 0;
+    if (next == nullptr) lines = 0;
     int64_t given = 0, tile_index = 0;
     for (int c0 = 0; c0 < cols; c0 += kStripCols) {
         const int n = std::min(kStripCols, cols - c0);
@@ -164,7 +164,7 @@ void panel_rows(const typename E::W* pan, const float* xs, int64_t ldx, int64_t 
         for (int64_t t = 0, r = 0; t < tiles; ++t) {
             const int64_t mr = base + (t < extra ? 1 : 0);
             const int64_t upto = lines * ++tile_index / (strips * tiles);
-            const Prefetch pf{reinterpret_cast<const char*>(next) + 64 * given, upto - given};
+            const Prefetch pf{next + 64 * given, upto - given};
             given = upto;
             kStrips<E>[mr](pan + c0, xs + r * ldx, ldx, k, b, out + r * ldo + c0, ldo, n, pf);
             r += mr;
@@ -184,8 +184,9 @@ void panel_gemm(const typename E::W* panels, const float* xs, const float* bias,
                 const float* b = bias ? bias + q * kPanelCols : nullptr;
                 const int64_t after = q + 1 < end ? q + 1 : parallel_for_next_begin();  // this thread's next panel
                 const typename E::W* next = after > q && after < np ? panels + after * k * kPanelCols : nullptr;
+                const int64_t lines = k * kPanelCols * static_cast<int64_t>(sizeof(typename E::W)) / 64;
                 panel_rows<E>(panels + q * k * kPanelCols, xs + r0 * ldx, ldx, k, b, out + r0 * n + q * kPanelCols, n,
-                              cols, rows, next);
+                              cols, rows, reinterpret_cast<const char*>(next), lines);
             }
         });
     }
@@ -199,8 +200,8 @@ void panel_linear_fp32_avx2(const float* panels, const float* x, const float* bi
 }
 
 void panel_block_fp32_avx2(const float* panel, const float* x, const float* bias, float* out, int64_t ldo, int64_t k,
-                           int cols, int64_t rows) {
-    panel_rows<Fp32Panel>(panel, x, k, k, bias, out, ldo, cols, rows, nullptr);
+                           int cols, int64_t rows, const char* ahead, int64_t lines) {
+    panel_rows<Fp32Panel>(panel, x, k, k, bias, out, ldo, cols, rows, ahead, lines);
 }
 
 void panel_linear_bf16_avx2(const uint32_t* panels, const uint32_t* x_pairs, const float* bias, c10::BFloat16* out,
@@ -219,7 +220,8 @@ void panel_linear_bf16_avx2(const uint32_t* panels, const uint32_t* x_pairs, con
 #else  // without AVX2 the planner packs no panels (cpu_isa "scalar")
 
 void panel_linear_fp32_avx2(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t) {}
-void panel_block_fp32_avx2(const float*, const float*, const float*, float*, int64_t, int64_t, int, int64_t) {}
+void panel_block_fp32_avx2(const float*, const float*, const float*, float*, int64_t, int64_t, int, int64_t,
+                           const char*, int64_t) {}
 void panel_linear_bf16_avx2(const uint32_t*, const uint32_t*, const float*, c10::BFloat16*, int64_t, int64_t,
                             int64_t) {}
 

@@ -285,9 +285,10 @@ void run(const uint8_t* w, const float* x, const float* bias, float* out, int64_
     const int64_t group_bytes = k / quant::elements(F) * packed_layout(F).bytes;
     const int64_t groups = (n + kLanes - 1) / kLanes;
     if (m <= kDirectRows) {
-        // G half-groups per call: six chains per row for one row, four for two, two beyond (16 ymm registers)
+        // G half-groups per call: four chains per row up to two rows, two beyond (16 ymm registers; six at one
+        // row spilled the slot codecs' scales)
         auto rows = [&](auto mc) {
-            constexpr int M = decltype(mc)::value, G = M == 1 ? 6 : (M == 2 ? 4 : 2);
+            constexpr int M = decltype(mc)::value, G = M <= 2 ? 4 : 2;
             const int64_t halves = (n + 7) / 8;
             parallel_for(0, (halves + G - 1) / G, 1, [&](int64_t c0, int64_t c1) {
                 for (int64_t c = c0; c < c1; ++c) {
@@ -320,9 +321,17 @@ void run(const uint8_t* w, const float* x, const float* bias, float* out, int64_
             for (int64_t p = p0; p < p1; ++p) {
                 const int64_t g0 = p * kGroupsPerPanel, g1 = std::min(groups, g0 + kGroupsPerPanel);
                 decode_panel<F>(w, group_bytes, k, g0, g1, scratch);
+                // the next panel's blocks (this range's next, else the range this thread likely claims next),
+                // requested while the tiles run, so that its decode reads them from L2
+                const int64_t next = p + 1 < p1 ? p + 1 : parallel_for_next_begin();
+                const char* ahead =
+                    next >= 0 && next < panels ? reinterpret_cast<const char*>(w + next * kGroupsPerPanel * group_bytes)
+                                               : nullptr;
+                const int64_t lines =
+                    ahead ? (std::min(groups - next * kGroupsPerPanel, kGroupsPerPanel) * group_bytes + 63) / 64 : 0;
                 const int cols = static_cast<int>(std::min<int64_t>(kPanelCols, n - p * kPanelCols));
                 panel_block_fp32_avx2(scratch, x + r0 * k, bias ? bias + p * kPanelCols : nullptr,
-                                      out + r0 * n + p * kPanelCols, n, k, cols, rows);
+                                      out + r0 * n + p * kPanelCols, n, k, cols, rows, ahead, lines);
             }
         });
     }
