@@ -67,6 +67,9 @@ at::Tensor quant_packed_rows(const at::Tensor& w, const at::Tensor& rows, int64_
 // A packed weight's quant::Format, checked against its n rows (errors name `op`), and its elements per block.
 int quant_packed_format(const at::Tensor& w, int64_t n, const char* op);
 int64_t quant_packed_elements(int format);
+// The calling thread's panel scratch of at least `floats` floats (64-byte aligned, kept between calls): where the
+// block kernels decode a panel.
+float* quant_thread_panel(int64_t floats);
 // format: quant::Format; the AVX-512 kernel of quant_linear on packed blocks.
 void quant_linear_avx512(int format, const uint8_t* w, const float* x, const float* bias, float* out, int64_t m,
                          int64_t k, int64_t n);

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -50,6 +51,25 @@ Format checked_packed(const at::Tensor& w, int64_t n, const char* op) {
 }
 
 }  // namespace
+
+// This thread's decoded panel, kept between calls (a fresh 100-300 KB buffer per call would be mapped and faulted
+// in each time).
+float* quant_thread_panel(int64_t floats) {
+    struct Aligned {  // 64-byte aligned, so that a vector store is one cache line
+        float* p = nullptr;
+        int64_t size = 0;
+        ~Aligned() { std::free(p); }
+    };
+    thread_local Aligned panel;
+    if (panel.size < floats) {
+        std::free(panel.p);
+        panel.p = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((floats * 4 + 63) / 64 * 64)));
+        TORCH_CHECK(panel.p != nullptr, "quant_linear: no memory for a ", floats * 4, "-byte panel");
+        std::memset(panel.p, 0, static_cast<size_t>(floats) * 4);
+        panel.size = floats;
+    }
+    return panel.p;
+}
 
 int quant_packed_format(const at::Tensor& w, int64_t n, const char* op) {
     return static_cast<int>(checked_packed(w, n, op));

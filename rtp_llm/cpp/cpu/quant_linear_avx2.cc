@@ -263,23 +263,6 @@ __attribute__((noipa)) void decode_panel(const uint8_t* w, int64_t group_bytes, 
     }
 }
 
-float* thread_panel(int64_t floats) {
-    struct Aligned {
-        float* p = nullptr;
-        int64_t size = 0;
-        ~Aligned() { std::free(p); }
-    };
-    thread_local Aligned panel;
-    if (panel.size < floats) {
-        std::free(panel.p);
-        panel.p = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((floats * 4 + 63) / 64 * 64)));
-        TORCH_CHECK(panel.p != nullptr, "quant_linear: no memory for a ", floats * 4, "-byte panel");
-        std::memset(panel.p, 0, static_cast<size_t>(floats) * 4);
-        panel.size = floats;
-    }
-    return panel.p;
-}
-
 template <Format F>
 void run(const uint8_t* w, const float* x, const float* bias, float* out, int64_t m, int64_t k, int64_t n) {
     const int64_t group_bytes = k / quant::elements(F) * packed_layout(F).bytes;
@@ -317,7 +300,7 @@ void run(const uint8_t* w, const float* x, const float* bias, float* out, int64_
     for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
         const int64_t rows = std::min(kRowChunk, m - r0);
         parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-            float* scratch = thread_panel(k * kPanelCols);
+            float* scratch = quant_thread_panel(k * kPanelCols);
             for (int64_t p = p0; p < p1; ++p) {
                 const int64_t g0 = p * kGroupsPerPanel, g1 = std::min(groups, g0 + kGroupsPerPanel);
                 decode_panel<F>(w, group_bytes, k, g0, g1, scratch);

@@ -376,25 +376,6 @@ __attribute__((noipa)) RTP_AVX512 void decode_panel(const uint8_t* w, int64_t gr
     }
 }
 
-// This thread's decoded panel, kept between calls (a fresh 100-300 KB buffer per call would be mapped and faulted
-// in each time).
-float* thread_panel(int64_t floats) {
-    struct Aligned {  // 64-byte aligned, so that a vector store is one cache line
-        float* p = nullptr;
-        int64_t size = 0;
-        ~Aligned() { std::free(p); }
-    };
-    thread_local Aligned panel;
-    if (panel.size < floats) {
-        std::free(panel.p);
-        panel.p = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((floats * 4 + 63) / 64 * 64)));
-        TORCH_CHECK(panel.p != nullptr, "quant_linear: no memory for a ", floats * 4, "-byte panel");
-        std::memset(panel.p, 0, static_cast<size_t>(floats) * 4);
-        panel.size = floats;
-    }
-    return panel.p;
-}
-
 // The blocks of the panel this thread decodes after panel p (the next in its range [.., p1), else the first of
 // the range it will likely claim next), requested while the current panel's tiles run so that the decoding reads
 // them from L2: their start and cache lines (null, 0: none).
@@ -443,7 +424,7 @@ void run(const uint8_t* w, const float* x, const float* bias, float* out, int64_
     for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
         const int64_t rows = std::min(kRowChunk, m - r0);
         parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-            float* scratch = thread_panel(k * kPanelCols);
+            float* scratch = quant_thread_panel(k * kPanelCols);
             for (int64_t p = p0; p < p1; ++p) {
                 const int64_t g0 = p * kGroupsPerPanel, g1 = std::min(groups, g0 + kGroupsPerPanel);
                 decode_panel<F>(w, group_bytes, k, g0, g1, scratch);
@@ -505,7 +486,7 @@ void screen(const uint8_t* w, const uint32_t* x_pairs, float* out, int64_t m, in
     for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
         const int64_t rows = std::min(kRowChunk, m - r0);
         parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-            auto* scratch = reinterpret_cast<uint32_t*>(thread_panel(pairs * kPanelCols));
+            auto* scratch = reinterpret_cast<uint32_t*>(quant_thread_panel(pairs * kPanelCols));
             // AMX tiles where the CPU has them (the screen's bound holds for their sums as for vdpbf16ps's)
             std::optional<panel::AmxRows> amx;
             if (panel::amx_panels(pairs)) amx.emplace(x_pairs, m, pairs);
