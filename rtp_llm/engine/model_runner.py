@@ -24,8 +24,9 @@ from rtp_llm.engine.scheduler import SchedulerOutput
 from rtp_llm.engine.sequence import Sequence
 from rtp_llm.errors import TPWorkerError
 from rtp_llm.models.decoder import DecoderLM
-from rtp_llm.sampling import GreedyTokens, Sampler, SamplingBatch
+from rtp_llm.sampling import GreedyTokens, Sampler
 from rtp_llm.sampling.grammar import GrammarCompiler
+from rtp_llm.sampling.input_batch import InputBatch
 from rtp_llm.sampling.penalties import TokenCounts
 
 
@@ -56,6 +57,7 @@ class ModelRunner:
         self.attn = device.attention_backend(attention)(heads, kv_heads, cfg.head_dim, cfg.head_dim ** -0.5,
                                                         block_size)
         self.sampler = Sampler(model.ops)
+        self.input_batch = InputBatch(cfg.vocab_size, self.device)  # the sampled rows' parameters, kept across steps
         self.pooler = None  # --runner pooling: rtp_llm/pooling/Pooler, set by the core
         self.lora = None    # --enable_lora: rtp_llm/lora/LoRAManager, set by the core
         self.graphs = None  # Device.decode_graphs: decode steps replayed from captured graphs, set by the core
@@ -63,6 +65,7 @@ class ModelRunner:
 
     # --- the step ----------------------------------------------------------------------------------------------
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        self.input_batch.remove(sched.finished)
         items = sched.scheduled
         tokens, starts, slots = [x.tokens for x in items], [x.start for x in items], [x.slots for x in items]
         need = [x.need_logits for x in items]
@@ -172,10 +175,14 @@ class ModelRunner:
             logits = logits.index_select(0, torch.tensor([r for _, r in rows], dtype=torch.long).to(logits.device))
         seqs = [s for s, _ in rows]
         outputs = [s.output + s.draft[:j] if j else s.output for s, j in zip(seqs, ahead)]
-        batch = SamplingBatch.build([s.request.params for s in seqs], [s.seed for s in seqs],
-                                    [len(o) for o in outputs], [s.prompt for s in seqs], outputs,
-                                    logits.shape[-1], logits.device,
-                                    counts=[self._token_counts(s, j) for s, j in zip(seqs, ahead)])
+        rows = self.input_batch
+        if rows.vocab_size != logits.shape[-1]:  # a model whose logits are wider than its config's vocabulary
+            rows = self.input_batch = InputBatch(logits.shape[-1], logits.device)
+        for s in seqs:
+            if s not in rows:
+                rows.add(s, s.request.params, s.seed)
+        batch = rows.batch(seqs, [len(o) for o in outputs], outputs,
+                           [self._token_counts(s, j) for s, j in zip(seqs, ahead)])
         banned = [(i, t) for i, (s, j) in enumerate(zip(seqs, ahead)) if s.bans_stop_ids(j)
                   for t in s.request.min_tokens_ids]
         if banned:  # min_tokens: stop tokens cannot be generated yet

@@ -63,6 +63,8 @@ class SchedulerOutput:
     sample_ahead: list[int] = field(default_factory=list)
     # (sequence, first position, first logits row, rows) of every item whose rows all have logits
     prompt_rows: list[tuple[Sequence, int, int, int]] = field(default_factory=list)
+    # sequences finished since the last step that ran (the runner frees their rows of its persistent input batch)
+    finished: list[Sequence] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -82,6 +84,7 @@ class Scheduler:
         self.running: list[Sequence] = []   # admission order, oldest first
         self._admissions = itertools.count()
         self.num_preemptions = 0
+        self._finished: list[Sequence] = []
 
     # --- queue management ----------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -103,6 +106,7 @@ class Scheduler:
         self._free(seq)
         seq.draft = []
         seq.state = SeqState.FINISHED
+        self._finished.append(seq)
 
     def fork_siblings(self, out: SchedulerOutput) -> None:
         """After the step ran: each sibling that sampled from sequence 0's last prompt row now shares its blocks
@@ -210,6 +214,8 @@ class Scheduler:
                 break
             budget -= len(out.scheduled[-1].tokens)
         self._finish_output(out)
+        if out.scheduled:  # a step that runs reports them (the core skips empty ones)
+            out.finished, self._finished = self._finished, []
         return out
 
     def subset(self, out: SchedulerOutput, items: list[ScheduledSeq]) -> SchedulerOutput:

@@ -324,3 +324,24 @@ def test_token_ids_outside_the_vocabulary_are_refused(tiny):
             eng.add_request("x", PROMPTS[0], params)
     with pytest.raises(ValueError, match=r"logit_bias values must be in \[-100, 100\]"):
         greedy(4, logit_bias={3: 101.0})
+
+
+def test_the_runner_frees_the_sampling_rows_of_finished_requests(tiny):
+    """The persistent input batch holds a row for each sequence that sampled until the scheduler reports it finished
+    (length, abort, n > 1 siblings), which it does with the next step that runs."""
+    engine = tiny.engine(max_num_seqs=3)
+    done = run_all(engine, [(k, f"r{k}", PROMPTS[k], SamplingParams(max_tokens=5 + k, temperature=0.8, seed=k, n=2)
+                             if k % 2 else greedy(4 + k, logprobs=2)) for k in range(6)])
+    rows = engine.runner.input_batch
+    left = set(rows.slots)  # those that finished at the last step
+    assert len(done) == 6 and 1 <= len(left) <= 3 and all(s.finished for s in left)
+    engine.add_request("late", PROMPTS[0], greedy(50, logprobs=1))
+    for _ in range(3):
+        engine.step()
+    late = next(iter(rows.slots))
+    assert len(rows) == 1 and late.request.request_id == "late"
+    engine.abort("late")
+    engine.step()  # nothing runs: the aborted row waits for the next step that does
+    assert late in rows
+    run_all(engine, [(0, "after", PROMPTS[1], greedy(2, logprobs=0))])
+    assert late not in rows and len(rows) == 1
