@@ -4,7 +4,7 @@
 // Per row (rows in parallel):
 //   top-k: the k-th largest value by nth_element on a copy of the values; survivors are values >= it (ties
 //          survive).
-//   top-p: e = exp(x - max) over survivors in float64, total = sum(e). Walking survivors in ascending
+//   top-p: e = exp(x - max) over survivors in float64 (vec::exp4d), total = sum(e). Walking survivors in ascending
 //          (value, index) order, a token is dropped while the cumulative sum <= (1 - p) * total; the
 //          largest is always kept. Dropped tokens are a prefix of that order, so only a top set is sorted (first
 //          the fewest top buckets of a mass histogram that hold the kept mass; should rounding put the boundary
@@ -13,8 +13,9 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include "rtp_llm/cpp/cpu/work_pool.h"
 #include "rtp_llm/cpp/cpu/ops.h"
+#include "rtp_llm/cpp/cpu/vec/expd.h"
+#include "rtp_llm/cpp/cpu/work_pool.h"
 
 #include <algorithm>
 #include <functional>
@@ -53,9 +54,21 @@ inline float mth_largest(const float* values, int64_t n, int64_t m, std::vector<
     return scratch[m - 1];
 }
 
+// e[j] = exp(v[j] - mx) in float64 (vec::expd1's values, four lanes at a time).
+inline void exp_shifted(const float* v, int64_t n, float mx, double* e) {
+    int64_t j = 0;
+#ifdef __AVX2__
+    const __m256d m = _mm256_set1_pd(static_cast<double>(mx));
+    for (; j + 4 <= n; j += 4)
+        _mm256_storeu_pd(e + j, vec::exp4d(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(v + j)), m)));
+#endif
+    for (; j < n; ++j) e[j] = vec::expd1(static_cast<double>(v[j]) - mx);
+}
+
 template <typename T>
 void row_top_k_top_p(const T* in, T* out, int64_t vocab, int64_t k, bool use_k, double p, bool use_p,
-                     std::vector<float>& vals, std::vector<float>& scratch, std::vector<Scored>& top) {
+                     std::vector<float>& vals, std::vector<float>& scratch, std::vector<Scored>& top,
+                     std::vector<double>& ebuf) {
     const T neg_inf = static_cast<T>(-std::numeric_limits<float>::infinity());
     vals.resize(vocab);
     for (int64_t i = 0; i < vocab; ++i) vals[i] = static_cast<float>(in[i]);
@@ -86,10 +99,11 @@ void row_top_k_top_p(const T* in, T* out, int64_t vocab, int64_t k, bool use_k, 
     };
     double mass[kBuckets] = {};
     double total = 0.0;
+    ebuf.resize(n);
+    exp_shifted(kept, n, mx, ebuf.data());
     for (int64_t j = 0; j < n; ++j) {
-        const double e = std::exp(static_cast<double>(kept[j]) - mx);
-        total += e;
-        mass[bucket(kept[j])] += e;
+        total += ebuf[j];
+        mass[bucket(kept[j])] += ebuf[j];
     }
     const double drop_mass = (1.0 - p) * total;
     int last = 0;
@@ -104,12 +118,12 @@ void row_top_k_top_p(const T* in, T* out, int64_t vocab, int64_t k, bool use_k, 
             if (survives(i) && (all || in_top(vals[i]))) top.push_back({vals[i], static_cast<int32_t>(i)});
         std::sort(top.begin(), top.end(), ascending);
         double top_mass = 0.0;
-        for (const Scored& s : top) top_mass += std::exp(static_cast<double>(s.v) - mx);
+        for (const Scored& s : top) top_mass += vec::expd1(static_cast<double>(s.v) - mx);
         const double below = all ? 0.0 : total - top_mass;  // mass of the survivors under the top set
         if (!all && below > drop_mass) return false;
         double cum = below;
         for (size_t j = 0; j < top.size(); ++j) {
-            cum += std::exp(static_cast<double>(top[j].v) - mx);
+            cum += vec::expd1(static_cast<double>(top[j].v) - mx);
             if (cum > drop_mass || j + 1 == top.size()) out[top[j].i] = in[top[j].i];
         }
         return true;
@@ -147,11 +161,12 @@ at::Tensor apply_top_k_top_p(const at::Tensor& logits, const std::optional<at::T
         parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
             std::vector<float> vals, scratch;
             std::vector<Scored> top;
+            std::vector<double> ebuf;
             for (int64_t r = begin; r < end; ++r) {
                 const int64_t kk = kt.defined() ? std::min(std::max<int64_t>(kt.data_ptr<int64_t>()[r], 1), vocab) : vocab;
                 const double pp = pt.defined() ? static_cast<double>(pt.data_ptr<float>()[r]) : 1.0;
                 row_top_k_top_p(in + r * vocab, o + r * vocab, vocab, kk, kt.defined(), pp, pt.defined(), vals, scratch,
-                                top);
+                                top, ebuf);
             }
         });
     });
