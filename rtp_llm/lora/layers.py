@@ -16,6 +16,7 @@ class LoRAContext:
 
     def __init__(self):
         self.groups: list[tuple[int, torch.Tensor]] = []
+        self.installs = 0  # counts installs and removals: a fused step's cached kernel lists are stale when it moves
 
     @property
     def active(self) -> bool:
@@ -43,6 +44,7 @@ class LinearLoRA:
     def install(self, slot: int, parts: list[Optional[tuple[torch.Tensor, torch.Tensor, float]]], device) -> None:
         """parts[i]: the adapter's (A, B, scale) for fused module i, or None where it has none."""
         given = [(self.offsets[i], a, b, scale) for i, p in enumerate(parts) if p is not None for a, b, scale in [p]]
+        self.ctx.installs += 1
         if not given:
             self.slots.pop(slot, None)
             return
@@ -60,6 +62,7 @@ class LinearLoRA:
         self.slots[slot] = (shrink, expand)
 
     def remove(self, slot: int) -> None:
+        self.ctx.installs += 1
         self.slots.pop(slot, None)
 
     def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -127,7 +127,7 @@ class DecoderLM(nn.Module):
         self.score = parameter((cfg.num_labels, cfg.hidden_size), dtype, device) if cfg.head == "score" else None
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, min(cfg.max_position_embeddings, 4096), device)
         self.fused_layers = None  # prepare(): the op set's whole-step path, if it has one
-        self.lora_ctx = None  # rtp_llm/lora: set when adapters are enabled; a step with adapter rows runs unfused
+        self.lora_ctx = None  # rtp_llm/lora: set when adapters are enabled (the fused layers add their deltas)
         self.observer = None  # observe(): a step being observed runs unfused, each layer reporting its outputs
 
     def prepare(self) -> None:
@@ -305,9 +305,8 @@ class DecoderLM(nn.Module):
         residual = None
         if self.observer is not None:
             self.observer("embedding", x)
-        lora = self.lora_ctx is not None and self.lora_ctx.active
-        if self.fused_layers is not None and not lora and self.observer is None and self.fused_layers.runs(meta):
-            x, residual = self.fused_layers(x, cos, sin, kv, meta, attn.scale)
+        if self.fused_layers is not None and self.observer is None and self.fused_layers.runs(meta, self.lora_ctx):
+            x, residual = self.fused_layers(x, cos, sin, kv, meta, attn.scale, self.lora_ctx)
         else:
             for i, layer in enumerate(self.layers):
                 x, residual = layer(x, residual, cos, sin, kv.layer(i), attn, meta)

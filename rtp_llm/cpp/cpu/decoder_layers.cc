@@ -13,6 +13,10 @@
 //
 // With gated_mlp, gate_up's copy is in pack_gated_panels' row order (panels or GGUF blocks) and the SiLU runs in
 // its epilogue (linear_silu, as CpuOps.mlp). No tensor parallelism; the KV cache in the model's dtype.
+//
+// LoRA adapters (rtp_llm/lora/layers.py, LinearLoRA.add): each linear layer's output gets, per group of rows of
+// one adapter, expand(shrink(x[rows])) added in the output's dtype, through the same kernels and ATen calls as the
+// Python layers; gate_up then runs unfused ([gate | up] + deltas, silu_and_mul), as CpuOps.mlp does with adapters.
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
@@ -69,6 +73,52 @@ struct LayerWeights {
     }
 };
 
+// The step's adapter groups: rows[g] the flat-batch rows of group g; per (layer, linear, group) four weights
+// (shrink plain, shrink packed, expand plain, expand packed; all None where the adapter has no such module) and
+// four sizes (shrink out_features, its GEMV rows, expand's).
+struct LoRADeltas {
+    const c10::List<at::Tensor>& rows;
+    const c10::List<std::optional<at::Tensor>>& w;
+    at::IntArrayRef sizes;
+    int64_t groups;
+
+    bool active() const { return groups > 0; }
+    std::optional<at::Tensor> get(int64_t i) const {
+        std::optional<at::Tensor> t = w.get(i);
+        return t.has_value() && t->defined() ? t : std::nullopt;
+    }
+    // y += the deltas of layer's linear l on input x (LinearLoRA.add's calls, in its order).
+    void add(int64_t layer, Linear l, const at::Tensor& x, at::Tensor& y) const {
+        for (int64_t g = 0; g < groups; ++g) {
+            const int64_t base = ((layer * kLinears + l) * groups + g) * 4;
+            const auto sp = get(base), spk = get(base + 1), ep = get(base + 2), epk = get(base + 3);
+            if (!sp && !spk) continue;
+            const at::Tensor r = rows.get(g);
+            const bool whole = r.numel() == x.size(0);
+            const at::Tensor xs = (whole ? x : x.index_select(0, r)).to(at::kFloat).contiguous();
+            const at::Tensor mid = rtp_llm::linear(xs, sp, spk, std::nullopt, sizes[base], sizes[base + 1]);
+            const at::Tensor delta =
+                rtp_llm::linear(mid, ep, epk, std::nullopt, sizes[base + 2], sizes[base + 3]).to(y.scalar_type());
+            if (whole) {
+                y.add_(delta);
+            } else {
+                y.index_put_({r}, delta, /*accumulate=*/true);
+            }
+        }
+    }
+};
+
+// [gate | up] from gated panels (CpuLinear._gate_up): panel p holds [gate 24p..24p+23, up 24p..24p+23].
+at::Tensor gate_up_from_gated(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                              int64_t out_features) {
+    const int64_t inter = out_features / 2, blocks = (inter + 23) / 24, pad = blocks * 24 - inter;
+    std::optional<at::Tensor> b;
+    if (bias) b = at::constant_pad_nd(bias->view({2, inter}), {0, pad}).view({2, blocks, 24}).transpose(0, 1).reshape(-1);
+    at::Tensor y = rtp_llm::linear(x, std::nullopt, packed, b, blocks * 48, 0);
+    y = y.view({-1, blocks, 2, 24}).transpose(1, 2).reshape({-1, 2, blocks * 24}).narrow(2, 0, inter);
+    return y.reshape({-1, 2 * inter});
+}
+
 }  // namespace
 
 std::vector<std::string> decoder_layer_slots() { return {std::begin(kSlotNames), std::end(kSlotNames)}; }
@@ -79,8 +129,20 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
     const at::Tensor& x_in, const c10::List<std::optional<at::Tensor>>& weights, at::IntArrayRef sizes,
     const at::Tensor& kv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
     const at::Tensor& block_table, const at::Tensor& kv_lens, const std::optional<at::Tensor>& q_starts,
-    int64_t num_heads, int64_t num_kv_heads, double eps, double scale, bool gated_mlp, int64_t piece_rows) {
+    int64_t num_heads, int64_t num_kv_heads, double eps, double scale, bool gated_mlp, int64_t piece_rows,
+    const c10::List<at::Tensor>& lora_rows, const c10::List<std::optional<at::Tensor>>& lora_weights,
+    at::IntArrayRef lora_sizes) {
     const int64_t layers = kv.size(0), tokens = x_in.size(0);
+    const LoRADeltas lora{lora_rows, lora_weights, lora_sizes, static_cast<int64_t>(lora_rows.size())};
+    TORCH_CHECK(static_cast<int64_t>(lora_weights.size()) == layers * kLinears * lora.groups * 4 &&
+                    static_cast<int64_t>(lora_sizes.size()) == layers * kLinears * lora.groups * 4,
+                "decoder_layers: 4 LoRA weights and sizes per (layer, linear, group) expected");
+    for (int64_t g = 0; g < lora.groups; ++g) {
+        const at::Tensor r = lora_rows.get(g);
+        TORCH_CHECK(r.scalar_type() == at::kLong && r.dim() == 1, "decoder_layers: LoRA rows must be int64 [n]");
+        TORCH_CHECK(r.numel() == 0 || (r.min().item<int64_t>() >= 0 && r.max().item<int64_t>() < tokens),
+                    "decoder_layers: LoRA rows outside [0, ", tokens, ")");
+    }
     TORCH_CHECK(layers >= 1, "decoder_layers: no layers");
     TORCH_CHECK(x_in.dim() == 2 && x_in.is_contiguous(), "decoder_layers: x must be contiguous [tokens, hidden]");
     TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * kSlots, "decoder_layers: ", kSlots,
@@ -102,7 +164,8 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
     for (int64_t t = 0; t < tokens; ++t)
         TORCH_CHECK(sp[t] >= 0 && sp[t] < capacity, "decoder_layers: slot ", sp[t], " outside [0, ", capacity, ")");
     const bool prefill = q_starts.has_value() && q_starts->defined();
-    const int64_t piece = piece_rows > 0 ? piece_rows : std::max<int64_t>(tokens, 1);
+    // Adapter groups index the whole step's rows: one piece.
+    const int64_t piece = piece_rows > 0 && !lora.active() ? piece_rows : std::max<int64_t>(tokens, 1);
 
     // x: layer 0's input rows, then the running residual sum (updated in place); out: every later layer's input
     // rows, written by the layer before's down projection; qkv: the layer's q | k | v, rotated in place; h: a
@@ -153,6 +216,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
                 PanelsAfter then(j + 1 < pieces.size() ? qkv_p : o_p);
                 lw.linear_out(p.h, kQkv, kQkvW, p.rows);
             }
+            if (lora.active()) lora.add(i, kQkv, p.h, p.rows);
             if (auto qn = lw.opt(kQNorm)) {  // Qwen3: per-head norms before RoPE, written back in place
                 p.q.copy_(rms_norm(p.q.contiguous(), *qn, eps));
                 p.k.copy_(rms_norm(p.k.contiguous(), lw.req(kKNorm), eps));
@@ -170,15 +234,25 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
                 PanelsAfter then(gate_up_p);
                 lw.linear_out(p.n == tokens ? o_in : o_in.narrow(0, p.r0, p.n), kO, kOW, p.o);
             }
+            if (lora.active()) lora.add(i, kO, o_in, p.o);
             add_rms_norm_into(p.o, p.x, post_norm, eps, p.h);
             at::Tensor act;
             {
                 PanelsAfter then(down_p);
-                act = gated_mlp ? linear_silu(p.h, lw.req(kGateUpP), lw.opt(kGateUpB), lw.out_features(kGateUp) / 2)
-                                : silu_and_mul(lw.linear(p.h, kGateUp, kGateUpW));
+                if (lora.active()) {
+                    at::Tensor gu = gated_mlp ? gate_up_from_gated(p.h, lw.req(kGateUpP), lw.opt(kGateUpB),
+                                                                   lw.out_features(kGateUp))
+                                              : lw.linear(p.h, kGateUp, kGateUpW);
+                    lora.add(i, kGateUp, p.h, gu);
+                    act = silu_and_mul(gu);
+                } else {
+                    act = gated_mlp ? linear_silu(p.h, lw.req(kGateUpP), lw.opt(kGateUpB), lw.out_features(kGateUp) / 2)
+                                    : silu_and_mul(lw.linear(p.h, kGateUp, kGateUpW));
+                }
             }
             PanelsAfter then(j + 1 < pieces.size() ? o_p : next_qkv_p);
             lw.linear_out(act, kDown, kDownW, p.out);
+            if (lora.active()) lora.add(i, kDown, act, p.out);
         }
     }
     return {out, x};

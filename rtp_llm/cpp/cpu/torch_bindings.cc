@@ -60,7 +60,8 @@ TORCH_LIBRARY(rtp_llm, m) {
     m.def("decoder_layer_linears() -> str[]", &decoder_layer_linears);
     m.def("decoder_layers(Tensor x, Tensor?[] weights, int[] sizes, Tensor kv, Tensor cos, Tensor sin, "
           "Tensor slots, Tensor block_table, Tensor kv_lens, Tensor? q_starts, int num_heads, int num_kv_heads, "
-          "float eps, float scale, bool gated_mlp, int piece_rows) -> (Tensor, Tensor)");
+          "float eps, float scale, bool gated_mlp, int piece_rows, Tensor[] lora_rows, Tensor?[] lora_weights, "
+          "int[] lora_sizes) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(rtp_llm, CPU, m) {
