@@ -14,9 +14,9 @@
 // With gated_mlp, gate_up's copy is in pack_gated_panels' row order (panels or GGUF blocks) and the SiLU runs in
 // its epilogue (linear_silu, as CpuOps.mlp). No tensor parallelism; the KV cache in the model's dtype.
 //
-// LoRA adapters (rtp_llm/lora/layers.py, LinearLoRA.add): each linear layer's output gets, per group of rows of
-// one adapter, expand(shrink(x[rows])) added in the output's dtype, through the same kernels and ATen calls as the
-// Python layers; gate_up then runs unfused ([gate | up] + deltas, silu_and_mul), as CpuOps.mlp does with adapters.
+// LoRA adapters (rtp_llm/lora/layers.py): each linear layer's output gets its adapter groups' deltas from
+// lora_add_, the kernel the Python layers call too; gate_up then runs unfused ([gate | up] + deltas, silu_and_mul),
+// as CpuOps.mlp does with adapters.
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
@@ -73,38 +73,27 @@ struct LayerWeights {
     }
 };
 
-// The step's adapter groups: rows[g] the flat-batch rows of group g; per (layer, linear, group) four weights
-// (shrink plain, shrink packed, expand plain, expand packed; all None where the adapter has no such module) and
-// four sizes (shrink out_features, its GEMV rows, expand's).
+// The step's adapter groups: rows[g] the flat-batch rows of group g; per (layer, linear, group) its adapter's a
+// [r, K] and scaled bt [r, N] (None where the adapter has no such module), added by lora_add_ (lora_add.cc).
 struct LoRADeltas {
     const c10::List<at::Tensor>& rows;
     const c10::List<std::optional<at::Tensor>>& w;
-    at::IntArrayRef sizes;
     int64_t groups;
 
     bool active() const { return groups > 0; }
-    std::optional<at::Tensor> get(int64_t i) const {
-        std::optional<at::Tensor> t = w.get(i);
-        return t.has_value() && t->defined() ? t : std::nullopt;
-    }
-    // y += the deltas of layer's linear l on input x (LinearLoRA.add's calls, in its order).
+    // y += the deltas of layer's linear l on input x.
     void add(int64_t layer, Linear l, const at::Tensor& x, at::Tensor& y) const {
+        c10::List<std::optional<at::Tensor>> r;
+        c10::List<at::Tensor> a, bt;
         for (int64_t g = 0; g < groups; ++g) {
-            const int64_t base = ((layer * kLinears + l) * groups + g) * 4;
-            const auto sp = get(base), spk = get(base + 1), ep = get(base + 2), epk = get(base + 3);
-            if (!sp && !spk) continue;
-            const at::Tensor r = rows.get(g);
-            const bool whole = r.numel() == x.size(0);
-            const at::Tensor xs = (whole ? x : x.index_select(0, r)).to(at::kFloat).contiguous();
-            const at::Tensor mid = rtp_llm::linear(xs, sp, spk, std::nullopt, sizes[base], sizes[base + 1]);
-            const at::Tensor delta =
-                rtp_llm::linear(mid, ep, epk, std::nullopt, sizes[base + 2], sizes[base + 3]).to(y.scalar_type());
-            if (whole) {
-                y.add_(delta);
-            } else {
-                y.index_put_({r}, delta, /*accumulate=*/true);
-            }
+            const int64_t base = ((layer * kLinears + l) * groups + g) * 2;
+            const std::optional<at::Tensor> ag = w.get(base), bg = w.get(base + 1);
+            if (!ag.has_value() || !ag->defined()) continue;
+            r.push_back(rows.get(g));
+            a.push_back(*ag);
+            bt.push_back(*bg);
         }
+        if (!a.empty()) lora_add_(y, x, r, a, bt);
     }
 };
 
@@ -130,19 +119,11 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
     const at::Tensor& kv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
     const at::Tensor& block_table, const at::Tensor& kv_lens, const std::optional<at::Tensor>& q_starts,
     int64_t num_heads, int64_t num_kv_heads, double eps, double scale, bool gated_mlp, int64_t piece_rows,
-    const c10::List<at::Tensor>& lora_rows, const c10::List<std::optional<at::Tensor>>& lora_weights,
-    at::IntArrayRef lora_sizes) {
+    const c10::List<at::Tensor>& lora_rows, const c10::List<std::optional<at::Tensor>>& lora_weights) {
     const int64_t layers = kv.size(0), tokens = x_in.size(0);
-    const LoRADeltas lora{lora_rows, lora_weights, lora_sizes, static_cast<int64_t>(lora_rows.size())};
-    TORCH_CHECK(static_cast<int64_t>(lora_weights.size()) == layers * kLinears * lora.groups * 4 &&
-                    static_cast<int64_t>(lora_sizes.size()) == layers * kLinears * lora.groups * 4,
-                "decoder_layers: 4 LoRA weights and sizes per (layer, linear, group) expected");
-    for (int64_t g = 0; g < lora.groups; ++g) {
-        const at::Tensor r = lora_rows.get(g);
-        TORCH_CHECK(r.scalar_type() == at::kLong && r.dim() == 1, "decoder_layers: LoRA rows must be int64 [n]");
-        TORCH_CHECK(r.numel() == 0 || (r.min().item<int64_t>() >= 0 && r.max().item<int64_t>() < tokens),
-                    "decoder_layers: LoRA rows outside [0, ", tokens, ")");
-    }
+    const LoRADeltas lora{lora_rows, lora_weights, static_cast<int64_t>(lora_rows.size())};
+    TORCH_CHECK(static_cast<int64_t>(lora_weights.size()) == layers * kLinears * lora.groups * 2,
+                "decoder_layers: 2 LoRA weights per (layer, linear, group) expected");
     TORCH_CHECK(layers >= 1, "decoder_layers: no layers");
     TORCH_CHECK(x_in.dim() == 2 && x_in.is_contiguous(), "decoder_layers: x must be contiguous [tokens, hidden]");
     TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * kSlots, "decoder_layers: ", kSlots,

@@ -60,8 +60,9 @@ TORCH_LIBRARY(rtp_llm, m) {
     m.def("decoder_layer_linears() -> str[]", &decoder_layer_linears);
     m.def("decoder_layers(Tensor x, Tensor?[] weights, int[] sizes, Tensor kv, Tensor cos, Tensor sin, "
           "Tensor slots, Tensor block_table, Tensor kv_lens, Tensor? q_starts, int num_heads, int num_kv_heads, "
-          "float eps, float scale, bool gated_mlp, int piece_rows, Tensor[] lora_rows, Tensor?[] lora_weights, "
-          "int[] lora_sizes) -> (Tensor, Tensor)");
+          "float eps, float scale, bool gated_mlp, int piece_rows, Tensor[] lora_rows, Tensor?[] lora_weights) "
+          "-> (Tensor, Tensor)");
+    m.def("lora_add_(Tensor(a!) y, Tensor x, Tensor?[] rows, Tensor[] a, Tensor[] bt) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(rtp_llm, CPU, m) {
@@ -93,6 +94,7 @@ TORCH_LIBRARY_IMPL(rtp_llm, CPU, m) {
     m.impl("apply_top_k_top_p", &apply_top_k_top_p);
     m.impl("exponential_race", &exponential_race);
     m.impl("decoder_layers", &decoder_layers);
+    m.impl("lora_add_", &lora_add_);
 }
 
 // oneDNN's blocked weight copies are MkldnnCPU tensors, which route a whole call that takes one to that key.

@@ -9,7 +9,7 @@ weight streaming, and, for a prefill, the memory traffic of its intermediates: r
 RoPE and KV write in pieces of `piece_rows` that stay in cache. Pieces need kernels whose rows are independent
 (panels, GGUF blocks: every kernel but oneDNN's and torch's); with others, prefills take the Python layers. Not
 under tensor parallelism (no collectives in C++); the KV cache in the model's dtype. A step with LoRA adapter rows
-runs here too: each linear layer's deltas through the adapters' own kernels, as LinearLoRA.add computes them.
+runs here too: each linear layer's deltas through lora_add_, the kernel LinearLoRA.add calls.
 """
 
 from __future__ import annotations
@@ -56,18 +56,16 @@ class FusedDecoderLayers:
         self.gated = gated.pop()
         slots, names = kernels.decoder_layer_slots(), kernels.decoder_layer_linears()
         self.layers, self.linear_names = layers, names
-        self._lora = ((), [], [])  # (the groups' slots and the adapters' install count, weights, sizes) of a step
+        self._lora = ((), [])  # (the groups' slots and the adapters' install count, their weights) of a step
         self.weights = [_slot(layer, name) for layer in layers for name in slots]
         self.sizes = [n for layer in layers for name in names
                       for n in (layer.part(name).kernel.out_features, layer.part(name).kernel.gemv_rows)]
 
     def runs(self, meta, lora=None) -> bool:
         """Whether this step's layers run here: its rows all go through one attention kernel the op calls (every
-        row paged, or every row a prefill on the prefill kernel with row-independent linear kernels), and its
-        adapters' (lora: the LoRAContext) on this module's kernels."""
+        row paged, or every row a prefill on the prefill kernel with row-independent linear kernels). lora: the
+        step's LoRAContext (its deltas run here whatever the step)."""
         if not (self.enabled and self.usable and isinstance(meta, CpuMeta)):  # another attention backend's step
-            return False
-        if lora is not None and lora.active and self._lora_args(lora) is None:
             return False
         return meta.all_paged or (meta.prefill_rows is None and self.rows_independent)
 
@@ -75,10 +73,10 @@ class FusedDecoderLayers:
         """(x, residual) after the last layer; only for a step that runs() accepts. lora: the step's LoRAContext
         when it has adapter rows."""
         pieces = self.piece_rows if self.rows_independent else 0
-        rows, lora_w, lora_s = [], [], []
+        rows, lora_w = [], []
         if lora is not None and lora.active:
             rows = [r for _, r in lora.groups]
-            lora_w, lora_s = self._lora_args(lora)  # runs() saw them usable
+            lora_w = self._lora_args(lora)
         if meta.all_paged:
             table, lens, starts = meta.paged_table, meta.paged_lens, None
         else:
@@ -86,27 +84,19 @@ class FusedDecoderLayers:
         return self.kernels.decoder_layers(
             x.contiguous(), self.weights, self.sizes, kv.buffer, cos.contiguous(), sin.contiguous(), meta.slots,
             table, lens, starts, self.num_heads, self.num_kv_heads, self.eps, scale, self.gated, pieces,
-            rows, lora_w, lora_s)
+            rows, lora_w)
 
-    def _lora_args(self, ctx):
-        """The adapters' kernels per (layer, linear, group): made again only when the groups' slots or the installed
-        adapters change."""
+    def _lora_args(self, ctx) -> list:
+        """Each (layer, linear, group)'s adapter a and bt (None, None where it has none): made again only when the
+        groups' slots or the installed adapters change."""
         key = (tuple(slot for slot, _ in ctx.groups), ctx.installs)
         if key != self._lora[0]:
-            weights, sizes = [], []
+            weights = []
             for layer in self.layers:
                 for name in self.linear_names:
                     adapters = layer.part(name).lora
                     for slot, _ in ctx.groups:
                         pair = adapters.slots.get(slot) if adapters is not None else None
-                        if pair is None:
-                            weights += [None] * 4
-                            sizes += [0] * 4
-                            continue
-                        shrink, expand = pair[0].kernel, pair[1].kernel
-                        if not (hasattr(shrink, "gemv_rows") and hasattr(expand, "gemv_rows")):
-                            return None
-                        weights += [shrink.plain, shrink.packed, expand.plain, expand.packed]
-                        sizes += [shrink.out_features, shrink.gemv_rows, expand.out_features, expand.gemv_rows]
-            self._lora = (key, weights, sizes)
-        return self._lora[1], self._lora[2]
+                        weights += list(pair) if pair is not None else [None, None]
+            self._lora = (key, weights)
+        return self._lora[1]

@@ -134,6 +134,13 @@ class CpuOps(TorchOps):
             return down(gate_up.kernel.silu(h, gate_up.bias))
         return super().mlp(h, gate_up, down)
 
+    def lora_add(self, x, y, groups):
+        x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
+        if x2.dtype != y2.dtype or x2.dtype not in self.FUSED_DTYPES or not y2.is_contiguous():
+            return super().lora_add(x, y, groups)
+        self.kernels.lora_add_(y2, x2.contiguous(), [g[0] for g in groups], [g[1] for g in groups],
+                               [g[2] for g in groups])
+
     def top_k_top_p(self, logits, k, p):
         if k is None and p is None:
             return logits
