@@ -187,13 +187,13 @@ class TorchOps:
         return F.silu(gate) * up
 
     def lora_add(self, x: torch.Tensor, y: torch.Tensor, groups) -> None:
-        """LoRA deltas into y in place: for each (rows or None = every row, a [r, K], bt [r, N]) group,
-        y[rows] += (x[rows] @ a^T) @ bt in float32, rounded once to y's dtype."""
+        """LoRA deltas into y in place: for each (rows or None = every row, a_t [K, r], bt [r, N]) group,
+        y[rows] += (x[rows] @ a_t) @ bt in float32, rounded once to y's dtype."""
         x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
-        for rows, a, bt in groups:
+        for rows, a_t, bt in groups:
             xs = x2 if rows is None else x2.index_select(0, rows)
             ys = y2 if rows is None else y2.index_select(0, rows)
-            new = (ys.float() + (xs.float() @ a.t()) @ bt).to(y.dtype)
+            new = (ys.float() + (xs.float() @ a_t) @ bt).to(y.dtype)
             if rows is None:
                 y2.copy_(new)
             else:

@@ -23,7 +23,7 @@ class LoRAContext:
 
 class LinearLoRA:
     """One base Linear's adapters by slot. The modules it fuses (qkv: q, k, v; gate_up: gate, up) are joined at
-    install: a [sum r, in] stacks their A, bt [sum r, out] places each (B * scale)^T in its rank rows and its output
+    install: a_t [in, sum r] holds their A^T side by side, bt [sum r, out] places each (B * scale)^T in its rank rows and its output
     columns (zeros elsewhere), so a group's delta is one shrink and one expand whatever the fusion. Both float32, as
     PEFT keeps adapters on a bf16 base; the device's lora_add computes every group's rows (each row on its own, so a
     row's delta is the same bits in any batch), and the CPU's fused decoder layers call the same kernel."""
@@ -33,7 +33,7 @@ class LinearLoRA:
         self.offsets = offsets  # where each fused module's output starts
         self.out_features = out_features
         self.ops = ops
-        self.slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # slot -> (a, bt)
+        self.slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # slot -> (a_t [in, r], bt [r, out])
 
     @property
     def active(self) -> bool:
@@ -52,7 +52,7 @@ class LinearLoRA:
         for start, a, b, scale in given:
             bt_all[row:row + a.shape[0], start:start + b.shape[0]] = (b.float() * scale).t()
             row += a.shape[0]
-        self.slots[slot] = (a_all.to(device), bt_all.to(device))
+        self.slots[slot] = (a_all.t().contiguous().to(device), bt_all.to(device))
 
     def remove(self, slot: int) -> None:
         self.ctx.installs += 1

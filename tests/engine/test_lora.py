@@ -166,7 +166,8 @@ def test_an_unloaded_adapter_finishes_its_running_requests_first(tmp_path):
 def test_fused_layers_add_the_same_deltas_as_the_python_layers(tmp_path, dtype):
     """Steps with adapter rows run in the one C++ call of every decoder layer (device/cpu/fused_layers.py), which
     adds each linear layer's deltas as LinearLoRA.add does: two adapters (one on every module, one on q and up only)
-    and the base in one batch give the same bits, tokens and logprobs, as the layer-by-layer Python path."""
+    and the base in one batch give the same bits, tokens and logprobs, as the layer-by-layer Python path, with a
+prefill's rows in one piece or in several."""
     base = tmp_path / "base"
     make_checkpoint(base, "qwen3_gqa2_headdim32_untied")
     make_adapter(base, tmp_path / "a", 8, seed=6)
@@ -174,12 +175,15 @@ def test_fused_layers_add_the_same_deltas_as_the_python_layers(tmp_path, dtype):
     loras = [LoRARequest("a", 1, str(tmp_path / "a")), LoRARequest("b", 2, str(tmp_path / "b")), None]
     prompts = [PROMPTS[1], PROMPTS[1][::-1] + PROMPTS[0], PROMPTS[1]]  # all over PAGED_MAX_Q: one prefill call
     got = {}
-    for fused in (True, False):
+    for fused, pieces in ((True, None), (True, 5), (False, None)):  # 5: a prefill's rows cut into pieces
         llm = engine(base, max_loras=2, dtype=dtype)
         model = llm.core.runner.model
         original = model.fused_layers
         assert original is not None and original.usable
         original.enabled = fused
+        if pieces:
+            assert original.rows_independent  # pieces need row-independent kernels (panels here)
+            original.piece_rows = pieces
         adapter_steps = []
 
         class Watched:  # records whether each step with adapter rows ran in the C++ call
@@ -194,8 +198,8 @@ def test_fused_layers_add_the_same_deltas_as_the_python_layers(tmp_path, dtype):
 
         model.fused_layers = Watched()
         outs = llm.generate(prompts, GREEDY, use_tqdm=False, lora_request=loras)
-        got[fused] = [(o.outputs[0].token_ids, [x.logprob for x in o.outputs[0].logprobs]) for o in outs]
+        got[fused, pieces] = [(o.outputs[0].token_ids, [x.logprob for x in o.outputs[0].logprobs]) for o in outs]
         # the prefill and the decodes in the C++ call (once rows finish at different steps, every step still is)
         assert adapter_steps and all(adapter_steps) if fused else not any(adapter_steps)
-    assert got[True] == got[False]
-    assert len({tuple(t) for t, _ in got[True]}) == 3  # each adapter changes the answer
+    assert got[True, None] == got[True, 5] == got[False, None]
+    assert len({tuple(t) for t, _ in got[False, None]}) == 3  # each adapter changes the answer

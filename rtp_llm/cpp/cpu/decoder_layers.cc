@@ -73,23 +73,32 @@ struct LayerWeights {
     }
 };
 
-// The step's adapter groups: rows[g] the flat-batch rows of group g; per (layer, linear, group) its adapter's a
-// [r, K] and scaled bt [r, N] (None where the adapter has no such module), added by lora_add_ (lora_add.cc).
+// The step's adapter groups: rows[g] the flat-batch rows of group g; per (layer, linear, group) its adapter's
+// a_t [K, r] and scaled bt [r, N] (None where the adapter has no such module), added by lora_add_ (lora_add.cc).
 struct LoRADeltas {
     const c10::List<at::Tensor>& rows;
     const c10::List<std::optional<at::Tensor>>& w;
     int64_t groups;
+    std::vector<std::vector<at::Tensor>> local;  // per piece, per group: its rows within the piece
 
     bool active() const { return groups > 0; }
-    // y += the deltas of layer's linear l on input x.
-    void add(int64_t layer, Linear l, const at::Tensor& x, at::Tensor& y) const {
+    void cut(int64_t r0, int64_t n) {
+        std::vector<at::Tensor> per;
+        for (int64_t g = 0; g < groups; ++g) {
+            const at::Tensor r = rows.get(g);
+            per.push_back(r.masked_select((r >= r0) & (r < r0 + n)) - r0);
+        }
+        local.push_back(std::move(per));
+    }
+    // y += the deltas of layer's linear l on input x, the rows of piece j.
+    void add(int64_t layer, Linear l, size_t j, const at::Tensor& x, at::Tensor& y) const {
         c10::List<std::optional<at::Tensor>> r;
         c10::List<at::Tensor> a, bt;
         for (int64_t g = 0; g < groups; ++g) {
             const int64_t base = ((layer * kLinears + l) * groups + g) * 2;
             const std::optional<at::Tensor> ag = w.get(base), bg = w.get(base + 1);
-            if (!ag.has_value() || !ag->defined()) continue;
-            r.push_back(rows.get(g));
+            if (!ag.has_value() || !ag->defined() || local[j][g].numel() == 0) continue;
+            r.push_back(local[j][g]);
             a.push_back(*ag);
             bt.push_back(*bg);
         }
@@ -121,7 +130,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
     int64_t num_heads, int64_t num_kv_heads, double eps, double scale, bool gated_mlp, int64_t piece_rows,
     const c10::List<at::Tensor>& lora_rows, const c10::List<std::optional<at::Tensor>>& lora_weights) {
     const int64_t layers = kv.size(0), tokens = x_in.size(0);
-    const LoRADeltas lora{lora_rows, lora_weights, static_cast<int64_t>(lora_rows.size())};
+    LoRADeltas lora{lora_rows, lora_weights, static_cast<int64_t>(lora_rows.size()), {}};
     TORCH_CHECK(static_cast<int64_t>(lora_weights.size()) == layers * kLinears * lora.groups * 2,
                 "decoder_layers: 2 LoRA weights per (layer, linear, group) expected");
     TORCH_CHECK(layers >= 1, "decoder_layers: no layers");
@@ -145,8 +154,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
     for (int64_t t = 0; t < tokens; ++t)
         TORCH_CHECK(sp[t] >= 0 && sp[t] < capacity, "decoder_layers: slot ", sp[t], " outside [0, ", capacity, ")");
     const bool prefill = q_starts.has_value() && q_starts->defined();
-    // Adapter groups index the whole step's rows: one piece.
-    const int64_t piece = piece_rows > 0 && !lora.active() ? piece_rows : std::max<int64_t>(tokens, 1);
+    const int64_t piece = piece_rows > 0 ? piece_rows : std::max<int64_t>(tokens, 1);
 
     // x: layer 0's input rows, then the running residual sum (updated in place); out: every later layer's input
     // rows, written by the layer before's down projection; qkv: the layer's q | k | v, rotated in place; h: a
@@ -175,6 +183,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
         p.v = p.rows.narrow(1, q_size + kv_size, kv_size).view({n, num_kv_heads, head_dim});
         p.cos = rows_of(cos), p.sin = rows_of(sin), p.h = rows_of(h_all), p.o = rows_of(o_all);
         pieces.push_back(std::move(p));
+        if (lora.active()) lora.cut(r0, n);
     }
     const auto q_all = qkv.narrow(1, 0, q_size).view({tokens, num_heads, head_dim});
     for (int64_t i = 0; i < layers; ++i) {
@@ -197,7 +206,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
                 PanelsAfter then(j + 1 < pieces.size() ? qkv_p : o_p);
                 lw.linear_out(p.h, kQkv, kQkvW, p.rows);
             }
-            if (lora.active()) lora.add(i, kQkv, p.h, p.rows);
+            if (lora.active()) lora.add(i, kQkv, j, p.h, p.rows);
             if (auto qn = lw.opt(kQNorm)) {  // Qwen3: per-head norms before RoPE, written back in place
                 p.q.copy_(rms_norm(p.q.contiguous(), *qn, eps));
                 p.k.copy_(rms_norm(p.k.contiguous(), lw.req(kKNorm), eps));
@@ -211,11 +220,12 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
         // o -> residual add + norm -> MLP, piece by piece, the down projection into out's rows.
         for (size_t j = 0; j < pieces.size(); ++j) {
             Piece& p = pieces[j];
+            const at::Tensor o_rows = p.n == tokens ? o_in : o_in.narrow(0, p.r0, p.n);
             {
                 PanelsAfter then(gate_up_p);
-                lw.linear_out(p.n == tokens ? o_in : o_in.narrow(0, p.r0, p.n), kO, kOW, p.o);
+                lw.linear_out(o_rows, kO, kOW, p.o);
             }
-            if (lora.active()) lora.add(i, kO, o_in, p.o);
+            if (lora.active()) lora.add(i, kO, j, o_rows, p.o);
             add_rms_norm_into(p.o, p.x, post_norm, eps, p.h);
             at::Tensor act;
             {
@@ -224,7 +234,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
                     at::Tensor gu = gated_mlp ? gate_up_from_gated(p.h, lw.req(kGateUpP), lw.opt(kGateUpB),
                                                                    lw.out_features(kGateUp))
                                               : lw.linear(p.h, kGateUp, kGateUpW);
-                    lora.add(i, kGateUp, p.h, gu);
+                    lora.add(i, kGateUp, j, p.h, gu);
                     act = silu_and_mul(gu);
                 } else {
                     act = gated_mlp ? linear_silu(p.h, lw.req(kGateUpP), lw.opt(kGateUpB), lw.out_features(kGateUp) / 2)
@@ -233,7 +243,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
             }
             PanelsAfter then(j + 1 < pieces.size() ? o_p : next_qkv_p);
             lw.linear_out(act, kDown, kDownW, p.out);
-            if (lora.active()) lora.add(i, kDown, act, p.out);
+            if (lora.active()) lora.add(i, kDown, j, act, p.out);
         }
     }
     return {out, x};

@@ -1,12 +1,12 @@
 // LoRA deltas on a linear layer's output, every adapter group of a step in one call (the Punica shrink / expand
-// per group): y[t] += (a @ x[t]) @ bt for each row t of a group, a [r, K] and bt [r, N] its adapter's float32
-// A and scaled B^T (rtp_llm/lora/layers.py joins a fused layer's modules into them).
+// per group): y[t] += (x[t] @ a_t) @ bt for each row t of a group, a_t [K, r] and bt [r, N] its adapter's float32
+// A^T and scaled B^T (rtp_llm/lora/layers.py joins a fused layer's modules into them).
 //
 // Why a kernel: a step with several adapters made ~4 ATen calls and two GEMM calls per (layer, linear, group), each
 // tiny (8 rows, rank 16) and each paying dispatch and thread wake-ups; here the shrink and the expand of every
-// group's rows are two passes of rtp_llm::parallel_for. Each row's delta is computed by one thread in an order fixed
-// by the element (float32, k ascending in 16-lane partial sums, then j ascending), so a row's bits do not depend on
-// its group, the step or the thread: the Python layers and decoder_layers call this same kernel.
+// group's rows are one rtp_llm::parallel_for over rows (inline when small). Each row's delta is computed by one
+// thread in an order fixed by the element (float32 multiply-adds, k ascending, then j ascending), so a row's bits
+// do not depend on its group, the step or the thread: the Python layers and decoder_layers call this same kernel.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -19,72 +19,79 @@
 namespace rtp_llm {
 namespace {
 
-constexpr int64_t kColumns = 512;  // expand's columns per chunk
-
-// sum_k x[k] * a[k] in float32: 16 partial sums (lane l takes k = l mod 16), added pairwise at the end, so that the
-// order is the same whatever the compiler's vector width.
-inline float dot16(const float* x, const float* a, int64_t k) {
-    float part[16] = {};
-    int64_t i = 0;
-    for (; i + 16 <= k; i += 16)
-#pragma omp simd
-        for (int l = 0; l < 16; ++l) part[l] += x[i + l] * a[i + l];
-    for (int l = 0; i + l < k; ++l) part[l] += x[i + l] * a[i + l];
-    for (int w = 8; w >= 1; w /= 2)
-        for (int l = 0; l < w; ++l) part[l] += part[l + w];
-    return part[0];
-}
+constexpr int64_t kColumns = 512;     // expand's columns per pass over the rank
+constexpr int64_t kMinWork = 1 << 17;  // multiply-adds below which a call runs on the calling thread
+constexpr int64_t kRows = 4;           // rows of a group computed together
 
 struct Group {
     const int64_t* rows;  // nullptr: rows 0..n-1
     int64_t n, r;
-    const float* a;
-    const float* bt;
-    int64_t mid;  // offset of its rows' shrink outputs in the scratch
+    const float* at;  // [K, r]
+    const float* bt;  // [r, N]
 };
 
+// Q rows of one group: the shrink and the expand with Q independent chains; every row gets the same operations in
+// the same order whatever Q and its slot, so its bits do not depend on the rows beside it.
+template <int Q, typename T>
+void rows_block(const Group& g, const T* const* xr, T* const* yr, int64_t k, int64_t n_out, float* mid, float* acc) {
+    const int64_t r = g.r;
+    std::fill(mid, mid + Q * r, 0.0f);
+    for (int64_t c = 0; c < k; ++c) {  // shrink: mid = x @ a_t, k ascending for every element
+        const float* ac = g.at + c * r;
+        float v[Q];
+        for (int q = 0; q < Q; ++q) v[q] = static_cast<float>(xr[q][c]);
+#pragma omp simd
+        for (int64_t j = 0; j < r; ++j)
+            for (int q = 0; q < Q; ++q) mid[q * r + j] += v[q] * ac[j];
+    }
+    for (int64_t c0 = 0; c0 < n_out; c0 += kColumns) {  // expand: y += mid @ bt, j ascending, rounded once
+        const int64_t w = std::min(kColumns, n_out - c0);
+        std::fill(acc, acc + Q * kColumns, 0.0f);
+        for (int64_t j = 0; j < r; ++j) {
+            float u[Q];
+            for (int q = 0; q < Q; ++q) u[q] = mid[q * r + j];
+            const float* bj = g.bt + j * n_out + c0;
+#pragma omp simd
+            for (int64_t c = 0; c < w; ++c)
+                for (int q = 0; q < Q; ++q) acc[q * kColumns + c] += u[q] * bj[c];
+        }
+        for (int q = 0; q < Q; ++q)
+            for (int64_t c = 0; c < w; ++c)
+                yr[q][c0 + c] = vec::to<T>(static_cast<float>(yr[q][c0 + c]) + acc[q * kColumns + c]);
+    }
+}
+
 template <typename T>
-void run(const at::Tensor& x, at::Tensor& y, const std::vector<Group>& groups, int64_t total_rows) {
+void run(const at::Tensor& x, at::Tensor& y, const std::vector<Group>& groups, int64_t total_rows, int64_t max_r,
+         int64_t work) {
     const int64_t k = x.size(1), n_out = y.size(1);
     const T* xp = x.data_ptr<T>();
     T* yp = y.data_ptr<T>();
-    int64_t mids = 0;
-    for (const Group& g : groups) mids += g.n * g.r;
-    std::vector<float> mid(mids);
-    // (group, row) pairs in order, for the two passes
-    std::vector<std::pair<int32_t, int64_t>> items;
+    std::vector<std::pair<int32_t, int64_t>> items;  // (group, row index within it), in order
     items.reserve(total_rows);
     for (size_t gi = 0; gi < groups.size(); ++gi)
         for (int64_t i = 0; i < groups[gi].n; ++i) items.emplace_back(static_cast<int32_t>(gi), i);
-    const auto row_of = [&](const Group& g, int64_t i) { return g.rows ? g.rows[i] : i; };
-    parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
-        std::vector<float> xf(k);
-        for (int64_t it = b; it < e; ++it) {
+    const int64_t per_row = std::max<int64_t>(1, work / total_rows);
+    parallel_for(0, static_cast<int64_t>(items.size()), (kMinWork + per_row - 1) / per_row, [&](int64_t b, int64_t e) {
+        std::vector<float> mid(kRows * max_r), acc(kRows * kColumns);
+        for (int64_t it = b; it < e;) {
             const Group& g = groups[items[it].first];
-            const int64_t i = items[it].second;
-            const T* xr = xp + row_of(g, i) * k;
-            for (int64_t c = 0; c < k; ++c) xf[c] = static_cast<float>(xr[c]);
-            float* m = mid.data() + g.mid + i * g.r;
-            for (int64_t j = 0; j < g.r; ++j) m[j] = dot16(xf.data(), g.a + j * k, k);
-        }
-    });
-    const int64_t blocks = (n_out + kColumns - 1) / kColumns;
-    parallel_for(0, static_cast<int64_t>(items.size()) * blocks, 1, [&](int64_t b, int64_t e) {
-        float acc[kColumns];
-        for (int64_t it = b; it < e; ++it) {
-            const Group& g = groups[items[it / blocks].first];
-            const int64_t i = items[it / blocks].second, c0 = (it % blocks) * kColumns;
-            const int64_t w = std::min(kColumns, n_out - c0);
-            const float* m = mid.data() + g.mid + i * g.r;
-            std::fill(acc, acc + w, 0.0f);
-            for (int64_t j = 0; j < g.r; ++j) {
-                const float mj = m[j];
-                const float* bj = g.bt + j * n_out + c0;
-#pragma omp simd
-                for (int64_t c = 0; c < w; ++c) acc[c] += mj * bj[c];
+            int64_t cnt = 1;
+            while (cnt < kRows && it + cnt < e && items[it + cnt].first == items[it].first) ++cnt;
+            const T* xr[kRows];
+            T* yr[kRows];
+            for (int64_t q = 0; q < cnt; ++q) {
+                const int64_t i = items[it + q].second, row = g.rows ? g.rows[i] : i;
+                xr[q] = xp + row * k;
+                yr[q] = yp + row * n_out;
             }
-            T* yr = yp + row_of(g, i) * n_out + c0;
-            for (int64_t c = 0; c < w; ++c) yr[c] = vec::to<T>(static_cast<float>(yr[c]) + acc[c]);
+            switch (cnt) {
+                case 1: rows_block<1>(g, xr, yr, k, n_out, mid.data(), acc.data()); break;
+                case 2: rows_block<2>(g, xr, yr, k, n_out, mid.data(), acc.data()); break;
+                case 3: rows_block<3>(g, xr, yr, k, n_out, mid.data(), acc.data()); break;
+                default: rows_block<4>(g, xr, yr, k, n_out, mid.data(), acc.data()); break;
+            }
+            it += cnt;
         }
     });
 }
@@ -92,25 +99,25 @@ void run(const at::Tensor& x, at::Tensor& y, const std::vector<Group>& groups, i
 }  // namespace
 
 void lora_add_(at::Tensor& y, const at::Tensor& x, const c10::List<std::optional<at::Tensor>>& rows,
-               const c10::List<at::Tensor>& a, const c10::List<at::Tensor>& bt) {
+               const c10::List<at::Tensor>& a_t, const c10::List<at::Tensor>& bt) {
     TORCH_CHECK(x.dim() == 2 && y.dim() == 2 && x.size(0) == y.size(0) && x.is_contiguous() && y.is_contiguous(),
                 "lora_add_: x [T, K] and y [T, N], contiguous");
     TORCH_CHECK(x.scalar_type() == y.scalar_type() &&
                     (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
                 "lora_add_: x and y both float32 or both bfloat16");
-    TORCH_CHECK(rows.size() == a.size() && a.size() == bt.size(), "lora_add_: rows, a and bt per group");
+    TORCH_CHECK(rows.size() == a_t.size() && a_t.size() == bt.size(), "lora_add_: rows, a_t and bt per group");
     const int64_t tokens = x.size(0), k = x.size(1), n_out = y.size(1);
     std::vector<Group> groups;
     std::vector<at::Tensor> keep;
     std::vector<char> taken(tokens, 0);  // each row in one group at most: its output has one writer
-    int64_t mid = 0, total = 0;
-    for (size_t gi = 0; gi < a.size(); ++gi) {
-        const at::Tensor ag = a.get(gi), bg = bt.get(gi);
+    int64_t total = 0, max_r = 0, work = 0;
+    for (size_t gi = 0; gi < a_t.size(); ++gi) {
+        const at::Tensor ag = a_t.get(gi), bg = bt.get(gi);
         TORCH_CHECK(ag.scalar_type() == at::kFloat && bg.scalar_type() == at::kFloat && ag.is_contiguous() &&
-                        bg.is_contiguous() && ag.dim() == 2 && bg.dim() == 2 && ag.size(1) == k &&
-                        bg.size(0) == ag.size(0) && bg.size(1) == n_out,
-                    "lora_add_: a [r, K] and bt [r, N] contiguous float32 per group");
-        Group g{nullptr, tokens, ag.size(0), ag.data_ptr<float>(), bg.data_ptr<float>(), mid};
+                        bg.is_contiguous() && ag.dim() == 2 && bg.dim() == 2 && ag.size(0) == k &&
+                        bg.size(0) == ag.size(1) && bg.size(1) == n_out,
+                    "lora_add_: a_t [K, r] and bt [r, N] contiguous float32 per group");
+        Group g{nullptr, tokens, ag.size(1), ag.data_ptr<float>(), bg.data_ptr<float>()};
         const std::optional<at::Tensor> rg = rows.get(gi);
         if (rg.has_value() && rg->defined()) {
             const at::Tensor r = rg->to(at::kLong).contiguous();
@@ -126,15 +133,16 @@ void lora_add_(at::Tensor& y, const at::Tensor& x, const c10::List<std::optional
         } else {
             for (int64_t t = 0; t < tokens; ++t) TORCH_CHECK(!taken[t]++, "lora_add_: row ", t, " in two groups");
         }
-        mid += g.n * g.r;
         total += g.n;
+        max_r = std::max(max_r, g.r);
+        work += g.n * g.r * (k + n_out);
         groups.push_back(g);
     }
     if (total == 0) return;
     if (x.scalar_type() == at::kFloat) {
-        run<float>(x, y, groups, total);
+        run<float>(x, y, groups, total, max_r, work);
     } else {
-        run<c10::BFloat16>(x, y, groups, total);
+        run<c10::BFloat16>(x, y, groups, total, max_r, work);
     }
 }
 

@@ -220,8 +220,8 @@ at::Tensor exponential_race(const at::Tensor& probs, const at::Tensor& seeds, co
 // q_starts given: the rows are prefills, attended by prefill_attention (block_table / kv_lens per sequence);
 // else one paged_attention row per token (block_table / kv_lens per row). piece_rows > 0: the rows go through
 // everything but the attention in pieces of that many (row-independent kernels only); 0: all at once.
-// lora_*: the step's LoRA adapter groups (empty: none), their rows and per (layer, linear, group) the adapter's a
-// and bt (decoder_layers.cc, LoRADeltas).
+// lora_*: the step's LoRA adapter groups (empty: none), their rows and per (layer, linear, group) the adapter's
+// a_t and bt (decoder_layers.cc, LoRADeltas).
 // The names of a layer's weight slots and of its linear layers, in the order decoder_layers reads them.
 std::vector<std::string> decoder_layer_slots();
 std::vector<std::string> decoder_layer_linears();
@@ -234,9 +234,9 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
     const c10::List<at::Tensor>& lora_rows, const c10::List<std::optional<at::Tensor>>& lora_weights);
 
 // --- LoRA deltas (lora_add.cc) ------------------------------------------------------------------------------
-// For each group g: y[t] += (a[g] @ x[t]) @ bt[g] for t in rows[g] (None: every row), a [r, K] and bt [r, N]
+// For each group g: y[t] += (x[t] @ a_t[g]) @ bt[g] for t in rows[g] (None: every row), a_t [K, r] and bt [r, N]
 // float32; x and y [T, K] / [T, N] both float32 or both bfloat16, y rounded once. A row in two groups is refused.
 void lora_add_(at::Tensor& y, const at::Tensor& x, const c10::List<std::optional<at::Tensor>>& rows,
-               const c10::List<at::Tensor>& a, const c10::List<at::Tensor>& bt);
+               const c10::List<at::Tensor>& a_t, const c10::List<at::Tensor>& bt);
 
 }  // namespace rtp_llm

@@ -87,7 +87,7 @@ class FusedDecoderLayers:
             rows, lora_w)
 
     def _lora_args(self, ctx) -> list:
-        """Each (layer, linear, group)'s adapter a and bt (None, None where it has none): made again only when the
+        """Each (layer, linear, group)'s adapter a_t and bt (None, None where it has none): made again only when the
         groups' slots or the installed adapters change."""
         key = (tuple(slot for slot, _ in ctx.groups), ctx.installs)
         if key != self._lora[0]:

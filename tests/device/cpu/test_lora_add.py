@@ -1,5 +1,5 @@
 """The CPU LoRA kernel (rtp_llm/cpp/cpu/lora_add.cc, CpuOps.lora_add) against float64 arithmetic written out here:
-y[rows] += (x[rows] @ a^T) @ bt, several adapter groups in one call, float32 and bfloat16; a row's bits do not depend
+y[rows] += (x[rows] @ a_t) @ bt, several adapter groups in one call, float32 and bfloat16; a row's bits do not depend
 on its group or the other groups; bad calls are refused by name."""
 
 import pytest
@@ -14,15 +14,15 @@ def _case(tokens=13, k=70, n=530, ranks=(16, 3, 48), seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(tokens, k, generator=g)
     y = torch.randn(tokens, n, generator=g)
-    weights = [(torch.randn(r, k, generator=g) / 8, torch.randn(r, n, generator=g) / 8) for r in ranks]
+    weights = [(torch.randn(k, r, generator=g) / 8, torch.randn(r, n, generator=g) / 8) for r in ranks]
     return x, y, weights
 
 
 def _expected(x, y, groups):
     want = y.double().clone()
-    for rows, a, bt in groups:
+    for rows, a_t, bt in groups:
         idx = torch.arange(x.shape[0]) if rows is None else rows
-        want[idx] += (x[idx].double() @ a.double().t()) @ bt.double()
+        want[idx] += (x[idx].double() @ a_t.double()) @ bt.double()
     return want
 
 
@@ -60,5 +60,5 @@ def test_bad_calls_are_refused_by_name():
         OPS.kernels.lora_add_(y, x, [torch.tensor([1, 2]), torch.tensor([2])], [w0[0], w1[0]], [w0[1], w1[1]])
     with pytest.raises(RuntimeError, match="outside"):
         OPS.kernels.lora_add_(y, x, [torch.tensor([13])], [w0[0]], [w0[1]])
-    with pytest.raises(RuntimeError, match="a \\[r, K\\] and bt \\[r, N\\]"):
+    with pytest.raises(RuntimeError, match="a_t \\[K, r\\] and bt \\[r, N\\]"):
         OPS.kernels.lora_add_(y, x, [None], [w0[0]], [w1[1]])
