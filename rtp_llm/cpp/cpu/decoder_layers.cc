@@ -15,8 +15,8 @@
 // its epilogue (linear_silu, as CpuOps.mlp). No tensor parallelism; the KV cache in the model's dtype.
 //
 // LoRA adapters (rtp_llm/lora/layers.py): each linear layer's output gets its adapter groups' deltas from
-// lora_add_, the kernel the Python layers call too; gate_up then runs unfused ([gate | up] + deltas, silu_and_mul),
-// as CpuOps.mlp does with adapters.
+// lora_add_, the kernel the Python layers call too; gate_up then runs without the SiLU epilogue (its output, the
+// deltas, then the activation; gated panels' column order kept), the bits of CpuOps.mlp with adapters.
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
@@ -106,15 +106,14 @@ struct LoRADeltas {
     }
 };
 
-// [gate | up] from gated panels (CpuLinear._gate_up): panel p holds [gate 24p..24p+23, up 24p..24p+23].
-at::Tensor gate_up_from_gated(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                              int64_t out_features) {
+// gate_up in gated panels' column order (per block of 24: gate then up), bias put in that order
+// (CpuLinear._gate_up), for silu_and_mul_gated after the LoRA deltas.
+at::Tensor gated_gate_up(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                         int64_t out_features) {
     const int64_t inter = out_features / 2, blocks = (inter + 23) / 24, pad = blocks * 24 - inter;
     std::optional<at::Tensor> b;
     if (bias) b = at::constant_pad_nd(bias->view({2, inter}), {0, pad}).view({2, blocks, 24}).transpose(0, 1).reshape(-1);
-    at::Tensor y = rtp_llm::linear(x, std::nullopt, packed, b, blocks * 48, 0);
-    y = y.view({-1, blocks, 2, 24}).transpose(1, 2).reshape({-1, 2, blocks * 24}).narrow(2, 0, inter);
-    return y.reshape({-1, 2 * inter});
+    return rtp_llm::linear(x, std::nullopt, packed, b, blocks * 48, 0);
 }
 
 }  // namespace
@@ -230,10 +229,12 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
             at::Tensor act;
             {
                 PanelsAfter then(down_p);
-                if (lora.active()) {
-                    at::Tensor gu = gated_mlp ? gate_up_from_gated(p.h, lw.req(kGateUpP), lw.opt(kGateUpB),
-                                                                   lw.out_features(kGateUp))
-                                              : lw.linear(p.h, kGateUp, kGateUpW);
+                if (lora.active() && gated_mlp) {  // the deltas' bt in the same column order (fused_layers.py)
+                    at::Tensor gu = gated_gate_up(p.h, lw.req(kGateUpP), lw.opt(kGateUpB), lw.out_features(kGateUp));
+                    lora.add(i, kGateUp, j, p.h, gu);
+                    act = silu_and_mul_gated(gu, lw.out_features(kGateUp) / 2);
+                } else if (lora.active()) {
+                    at::Tensor gu = lw.linear(p.h, kGateUp, kGateUpW);
                     lora.add(i, kGateUp, j, p.h, gu);
                     act = silu_and_mul(gu);
                 } else {

@@ -21,7 +21,7 @@ namespace {
 
 constexpr int64_t kColumns = 512;     // expand's columns per pass over the rank
 constexpr int64_t kMinWork = 1 << 17;  // multiply-adds below which a call runs on the calling thread
-constexpr int64_t kRows = 4;           // rows of a group computed together
+constexpr int64_t kRows = 8;           // rows of a group computed together (the adapter's weights read once)
 
 struct Group {
     const int64_t* rows;  // nullptr: rows 0..n-1
@@ -85,11 +85,17 @@ void run(const at::Tensor& x, at::Tensor& y, const std::vector<Group>& groups, i
                 xr[q] = xp + row * k;
                 yr[q] = yp + row * n_out;
             }
+            float* m = mid.data();
+            float* a = acc.data();
             switch (cnt) {
-                case 1: rows_block<1>(g, xr, yr, k, n_out, mid.data(), acc.data()); break;
-                case 2: rows_block<2>(g, xr, yr, k, n_out, mid.data(), acc.data()); break;
-                case 3: rows_block<3>(g, xr, yr, k, n_out, mid.data(), acc.data()); break;
-                default: rows_block<4>(g, xr, yr, k, n_out, mid.data(), acc.data()); break;
+                case 1: rows_block<1>(g, xr, yr, k, n_out, m, a); break;
+                case 2: rows_block<2>(g, xr, yr, k, n_out, m, a); break;
+                case 3: rows_block<3>(g, xr, yr, k, n_out, m, a); break;
+                case 4: rows_block<4>(g, xr, yr, k, n_out, m, a); break;
+                case 5: rows_block<5>(g, xr, yr, k, n_out, m, a); break;
+                case 6: rows_block<6>(g, xr, yr, k, n_out, m, a); break;
+                case 7: rows_block<7>(g, xr, yr, k, n_out, m, a); break;
+                default: rows_block<8>(g, xr, yr, k, n_out, m, a); break;
             }
             it += cnt;
         }

@@ -196,6 +196,9 @@ void rotary_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tens
 void rotary_write_kv_(at::Tensor& q, at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
                       const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache, const int64_t* slots);
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
+// The same from gated panels' column order ([rows, ceil(inter / 24) * 48], see pack_gated_panels): bit for bit
+// silu_and_mul of the [gate | up] those columns hold.
+at::Tensor silu_and_mul_gated(const at::Tensor& gate_up, int64_t inter);
 
 // --- attention and the KV cache (paged_attention.cc, prefill_attention.cc, kv_write.cc) ---------------------
 // One query row per entry of the batch, each over its own kv_lens[b] keys through block_table[b].

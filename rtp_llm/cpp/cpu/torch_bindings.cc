@@ -46,6 +46,7 @@ TORCH_LIBRARY(rtp_llm, m) {
     m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
     m.def("rotary(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
     m.def("silu_and_mul(Tensor gate_up) -> Tensor");
+    m.def("silu_and_mul_gated(Tensor gate_up, int inter) -> Tensor");
 
     m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor kv_lens, "
           "float scale) -> Tensor");
@@ -88,6 +89,7 @@ TORCH_LIBRARY_IMPL(rtp_llm, CPU, m) {
     m.impl("add_rms_norm", &add_rms_norm);
     m.impl("rotary", &rotary);
     m.impl("silu_and_mul", &silu_and_mul);
+    m.impl("silu_and_mul_gated", &silu_and_mul_gated);
     m.impl("paged_attention", &paged_attention);
     m.impl("prefill_attention", &prefill_attention);
     m.impl("write_kv", &write_kv);

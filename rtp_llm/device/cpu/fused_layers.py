@@ -30,6 +30,15 @@ def _slot(layer, name: str):
     return part.bias if field == "bias" else getattr(part.kernel, field)
 
 
+def _gated_columns(bt: torch.Tensor) -> torch.Tensor:
+    """A gate_up adapter's bt [r, 2 I] in gated panels' column order (per block of 24: gate, then up; zero padding),
+    so that its deltas add to the gated GEMM's output before silu_and_mul_gated."""
+    r, inter = bt.shape[0], bt.shape[1] // 2
+    blocks = (inter + 23) // 24
+    halves = torch.nn.functional.pad(bt.view(r, 2, inter), (0, blocks * 24 - inter))
+    return halves.view(r, 2, blocks, 24).transpose(1, 2).reshape(r, blocks * 48).contiguous()
+
+
 def _rows_independent(kernel) -> bool:
     """Panels and GGUF blocks give a row the same bits whatever the rows beside it (and keep no plain weight for
     the GEMV kernel); oneDNN's and torch's GEMMs choose their blocking by row count."""
@@ -97,6 +106,8 @@ class FusedDecoderLayers:
                     adapters = layer.part(name).lora
                     for slot, _ in ctx.groups:
                         pair = adapters.slots.get(slot) if adapters is not None else None
+                        if pair is not None and name == "gate_up" and self.gated:
+                            pair = (pair[0], _gated_columns(pair[1]))
                         weights += list(pair) if pair is not None else [None, None]
             self._lora = (key, weights)
         return self._lora[1]

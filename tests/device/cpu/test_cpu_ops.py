@@ -143,6 +143,27 @@ def test_panel_sums_are_one_fused_chain_per_output_on_every_cpu(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul_gated_is_silu_and_mul_of_the_same_columns(dtype):
+    """silu_and_mul_gated on gated panels' column order (per block of 24: gate then up, padding after the last) gives
+    silu_and_mul's bits on [gate | up]: widths with a scalar tail (not a multiple of 8) and a partial last block,
+    saturating and zero inputs (the LoRA path of decoder_layers runs it instead of the SiLU epilogue)."""
+    k_ops = CpuOps().kernels
+    g = torch.Generator().manual_seed(5)
+    for m, inter in ((1, 1536), (3, 37), (4, 24), (2, 100), (5, 7), (1, 1)):
+        nat = (torch.randn(m, 2 * inter, generator=g) * 6).to(dtype)
+        nat[0, 0], nat[-1, inter - 1] = 90.0, -90.0
+        blocks = (inter + 23) // 24
+        gated = torch.full((m, blocks, 2, 24), float("nan"), dtype=dtype)  # the padding must not be read into a value
+        for i in range(inter):
+            gated[:, i // 24, 0, i % 24] = nat[:, i]
+            gated[:, i // 24, 1, i % 24] = nat[:, inter + i]
+        got = k_ops.silu_and_mul_gated(gated.view(m, blocks * 48), inter)
+        assert torch.equal(got, k_ops.silu_and_mul(nat)), (m, inter)
+    with pytest.raises(RuntimeError, match="silu_and_mul_gated"):
+        k_ops.silu_and_mul_gated(torch.zeros(2, 47, dtype=dtype), 24)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gated_panels_give_silu_and_mul_of_the_panel_product_bit_for_bit(dtype):
     """panel_linear_silu on pack_gated_panels (24 gate + 24 up rows per panel, the SiLU in the GEMM's
     epilogue) against what it replaces, silu_and_mul(panel_linear(x, pack_panels(w))): identical bits, with
