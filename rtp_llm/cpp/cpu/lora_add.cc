@@ -4,9 +4,10 @@
 //
 // Why a kernel: a step with several adapters made ~4 ATen calls and two GEMM calls per (layer, linear, group), each
 // tiny (8 rows, rank 16) and each paying dispatch and thread wake-ups; here the shrink and the expand of every
-// group's rows are one rtp_llm::parallel_for over rows (inline when small). Each row's delta is computed by one
-// thread in an order fixed by the element (float32 multiply-adds, k ascending, then j ascending), so a row's bits
-// do not depend on its group, the step or the thread: the Python layers and decoder_layers call this same kernel.
+// group's rows are one rtp_llm::parallel_for over blocks of up to 8 rows of a group (the adapter's weights read once
+// per block; a few blocks' columns split across threads). Each output element is computed by one thread in an order
+// fixed by the element (float32 multiply-adds, k ascending, then j ascending), so a row's bits do not depend on its
+// group, the step or the thread: the Python layers and decoder_layers call this same kernel.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -33,7 +34,8 @@ struct Group {
 // Q rows of one group: the shrink and the expand with Q independent chains; every row gets the same operations in
 // the same order whatever Q and its slot, so its bits do not depend on the rows beside it.
 template <int Q, typename T>
-void rows_block(const Group& g, const T* const* xr, T* const* yr, int64_t k, int64_t n_out, float* mid, float* acc) {
+void rows_block(const Group& g, const T* const* xr, T* const* yr, int64_t k, int64_t n_out, int64_t c_begin,
+                int64_t c_end, float* mid, float* acc) {
     const int64_t r = g.r;
     std::fill(mid, mid + Q * r, 0.0f);
     for (int64_t c = 0; c < k; ++c) {  // shrink: mid = x @ a_t, k ascending for every element
@@ -44,8 +46,8 @@ void rows_block(const Group& g, const T* const* xr, T* const* yr, int64_t k, int
         for (int64_t j = 0; j < r; ++j)
             for (int q = 0; q < Q; ++q) mid[q * r + j] += v[q] * ac[j];
     }
-    for (int64_t c0 = 0; c0 < n_out; c0 += kColumns) {  // expand: y += mid @ bt, j ascending, rounded once
-        const int64_t w = std::min(kColumns, n_out - c0);
+    for (int64_t c0 = c_begin; c0 < c_end; c0 += kColumns) {  // expand: y += mid @ bt, j ascending, rounded once
+        const int64_t w = std::min(kColumns, c_end - c0);
         std::fill(acc, acc + Q * kColumns, 0.0f);
         for (int64_t j = 0; j < r; ++j) {
             float u[Q];
@@ -62,42 +64,50 @@ void rows_block(const Group& g, const T* const* xr, T* const* yr, int64_t k, int
 }
 
 template <typename T>
-void run(const at::Tensor& x, at::Tensor& y, const std::vector<Group>& groups, int64_t total_rows, int64_t max_r,
-         int64_t work) {
+void run(const at::Tensor& x, at::Tensor& y, const std::vector<Group>& groups, int64_t max_r, int64_t work) {
     const int64_t k = x.size(1), n_out = y.size(1);
     const T* xp = x.data_ptr<T>();
     T* yp = y.data_ptr<T>();
-    std::vector<std::pair<int32_t, int64_t>> items;  // (group, row index within it), in order
-    items.reserve(total_rows);
+    struct Block {
+        int32_t group;
+        int64_t first, count;  // rows first.. of the group
+    };
+    std::vector<Block> blocks;
     for (size_t gi = 0; gi < groups.size(); ++gi)
-        for (int64_t i = 0; i < groups[gi].n; ++i) items.emplace_back(static_cast<int32_t>(gi), i);
-    const int64_t per_row = std::max<int64_t>(1, work / total_rows);
-    parallel_for(0, static_cast<int64_t>(items.size()), (kMinWork + per_row - 1) / per_row, [&](int64_t b, int64_t e) {
+        for (int64_t i = 0; i < groups[gi].n; i += kRows)
+            blocks.push_back({static_cast<int32_t>(gi), i, std::min(kRows, groups[gi].n - i)});
+    // Few blocks (a decode step's few rows): their columns split too, each part computing the block's shrink again,
+    // so that both threads stream the adapter's weights.
+    const int64_t parts = static_cast<int64_t>(blocks.size()) >= 4 ? 1
+                          : std::max<int64_t>(1, std::min<int64_t>(4, n_out / kColumns));
+    const int64_t part_cols = (n_out + parts - 1) / parts;
+    const int64_t per_item = std::max<int64_t>(1, work / static_cast<int64_t>(blocks.size() * parts));
+    parallel_for(0, static_cast<int64_t>(blocks.size()) * parts, (kMinWork + per_item - 1) / per_item,
+                 [&](int64_t b, int64_t e) {
         std::vector<float> mid(kRows * max_r), acc(kRows * kColumns);
-        for (int64_t it = b; it < e;) {
-            const Group& g = groups[items[it].first];
-            int64_t cnt = 1;
-            while (cnt < kRows && it + cnt < e && items[it + cnt].first == items[it].first) ++cnt;
+        for (int64_t it = b; it < e; ++it) {
+            const Block& blk = blocks[it / parts];
+            const Group& g = groups[blk.group];
+            const int64_t c_begin = (it % parts) * part_cols, c_end = std::min(n_out, c_begin + part_cols);
             const T* xr[kRows];
             T* yr[kRows];
-            for (int64_t q = 0; q < cnt; ++q) {
-                const int64_t i = items[it + q].second, row = g.rows ? g.rows[i] : i;
+            for (int64_t q = 0; q < blk.count; ++q) {
+                const int64_t i = blk.first + q, row = g.rows ? g.rows[i] : i;
                 xr[q] = xp + row * k;
                 yr[q] = yp + row * n_out;
             }
             float* m = mid.data();
             float* a = acc.data();
-            switch (cnt) {
-                case 1: rows_block<1>(g, xr, yr, k, n_out, m, a); break;
-                case 2: rows_block<2>(g, xr, yr, k, n_out, m, a); break;
-                case 3: rows_block<3>(g, xr, yr, k, n_out, m, a); break;
-                case 4: rows_block<4>(g, xr, yr, k, n_out, m, a); break;
-                case 5: rows_block<5>(g, xr, yr, k, n_out, m, a); break;
-                case 6: rows_block<6>(g, xr, yr, k, n_out, m, a); break;
-                case 7: rows_block<7>(g, xr, yr, k, n_out, m, a); break;
-                default: rows_block<8>(g, xr, yr, k, n_out, m, a); break;
+            switch (blk.count) {
+                case 1: rows_block<1>(g, xr, yr, k, n_out, c_begin, c_end, m, a); break;
+                case 2: rows_block<2>(g, xr, yr, k, n_out, c_begin, c_end, m, a); break;
+                case 3: rows_block<3>(g, xr, yr, k, n_out, c_begin, c_end, m, a); break;
+                case 4: rows_block<4>(g, xr, yr, k, n_out, c_begin, c_end, m, a); break;
+                case 5: rows_block<5>(g, xr, yr, k, n_out, c_begin, c_end, m, a); break;
+                case 6: rows_block<6>(g, xr, yr, k, n_out, c_begin, c_end, m, a); break;
+                case 7: rows_block<7>(g, xr, yr, k, n_out, c_begin, c_end, m, a); break;
+                default: rows_block<8>(g, xr, yr, k, n_out, c_begin, c_end, m, a); break;
             }
-            it += cnt;
         }
     });
 }
@@ -146,9 +156,9 @@ void lora_add_(at::Tensor& y, const at::Tensor& x, const c10::List<std::optional
     }
     if (total == 0) return;
     if (x.scalar_type() == at::kFloat) {
-        run<float>(x, y, groups, total, max_r, work);
+        run<float>(x, y, groups, max_r, work);
     } else {
-        run<c10::BFloat16>(x, y, groups, total, max_r, work);
+        run<c10::BFloat16>(x, y, groups, max_r, work);
     }
 }
 
