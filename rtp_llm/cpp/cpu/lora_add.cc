@@ -20,8 +20,9 @@
 namespace rtp_llm {
 namespace {
 
-constexpr int64_t kColumns = 512;     // expand's columns per pass over the rank
-constexpr int64_t kMinWork = 1 << 17;  // multiply-adds below which a call runs on the calling thread
+constexpr int64_t kColumns = 512;      // expand's columns per pass over the rank
+constexpr int64_t kPartColumns = 1024;  // a split decode step's parts hold at least this many columns
+constexpr int64_t kMinBytes = 1 << 16;  // adapter weight bytes below which a call runs on the calling thread
 constexpr int64_t kRows = 8;           // rows of a group computed together (the adapter's weights read once)
 
 struct Group {
@@ -64,7 +65,7 @@ void rows_block(const Group& g, const T* const* xr, T* const* yr, int64_t k, int
 }
 
 template <typename T>
-void run(const at::Tensor& x, at::Tensor& y, const std::vector<Group>& groups, int64_t max_r, int64_t work) {
+void run(const at::Tensor& x, at::Tensor& y, const std::vector<Group>& groups, int64_t max_r) {
     const int64_t k = x.size(1), n_out = y.size(1);
     const T* xp = x.data_ptr<T>();
     T* yp = y.data_ptr<T>();
@@ -79,10 +80,11 @@ void run(const at::Tensor& x, at::Tensor& y, const std::vector<Group>& groups, i
     // Few blocks (a decode step's few rows): their columns split too, each part computing the block's shrink again,
     // so that both threads stream the adapter's weights.
     const int64_t parts = static_cast<int64_t>(blocks.size()) >= 4 ? 1
-                          : std::max<int64_t>(1, std::min<int64_t>(4, n_out / kColumns));
+                          : std::max<int64_t>(1, std::min<int64_t>(4, n_out / kPartColumns));
     const int64_t part_cols = (n_out + parts - 1) / parts;
-    const int64_t per_item = std::max<int64_t>(1, work / static_cast<int64_t>(blocks.size() * parts));
-    parallel_for(0, static_cast<int64_t>(blocks.size()) * parts, (kMinWork + per_item - 1) / per_item,
+    // the weights an item reads: what makes a call worth more than one thread (the work is memory-bound)
+    const int64_t item_bytes = std::max<int64_t>(1, max_r * (k + part_cols) * static_cast<int64_t>(sizeof(float)));
+    parallel_for(0, static_cast<int64_t>(blocks.size()) * parts, (kMinBytes + item_bytes - 1) / item_bytes,
                  [&](int64_t b, int64_t e) {
         std::vector<float> mid(kRows * max_r), acc(kRows * kColumns);
         for (int64_t it = b; it < e; ++it) {
@@ -126,7 +128,7 @@ void lora_add_(at::Tensor& y, const at::Tensor& x, const c10::List<std::optional
     std::vector<Group> groups;
     std::vector<at::Tensor> keep;
     std::vector<char> taken(tokens, 0);  // each row in one group at most: its output has one writer
-    int64_t total = 0, max_r = 0, work = 0;
+    int64_t total = 0, max_r = 0;
     for (size_t gi = 0; gi < a_t.size(); ++gi) {
         const at::Tensor ag = a_t.get(gi), bg = bt.get(gi);
         TORCH_CHECK(ag.scalar_type() == at::kFloat && bg.scalar_type() == at::kFloat && ag.is_contiguous() &&
@@ -151,14 +153,13 @@ void lora_add_(at::Tensor& y, const at::Tensor& x, const c10::List<std::optional
         }
         total += g.n;
         max_r = std::max(max_r, g.r);
-        work += g.n * g.r * (k + n_out);
         groups.push_back(g);
     }
     if (total == 0) return;
     if (x.scalar_type() == at::kFloat) {
-        run<float>(x, y, groups, max_r, work);
+        run<float>(x, y, groups, max_r);
     } else {
-        run<c10::BFloat16>(x, y, groups, max_r, work);
+        run<c10::BFloat16>(x, y, groups, max_r);
     }
 }
 
