@@ -305,7 +305,7 @@ class DecoderLM(nn.Module):
         residual = None
         if self.observer is not None:
             self.observer("embedding", x)
-        if self.fused_layers is not None and self.observer is None and self.fused_layers.runs(meta, self.lora_ctx):
+        if self.fused_layers is not None and self.observer is None and self.fused_layers.runs(meta):
             x, residual = self.fused_layers(x, cos, sin, kv, meta, attn.scale, self.lora_ctx)
         else:
             for i, layer in enumerate(self.layers):

@@ -16,7 +16,7 @@ import torch
 
 from rtp_llm.sampling.params import SamplingParams
 from rtp_llm.sampling.penalties import PenaltyRows, TokenCounts
-from rtp_llm.sampling.sampler import SamplingBatch, _bad_word_ends
+from rtp_llm.sampling.sampler import SamplingBatch, bad_word_ends
 
 # Per-slot flags: which optional columns a row needs (OR-reduced over a step's rows).
 _K, _P, _MIN_P, _REP, _PF, _GREEDY, _ALLOWED, _BIAS, _BAD = (1 << i for i in range(9))
@@ -111,7 +111,7 @@ class InputBatch:
             allowed = mask.to(dev)
         if flags & _BAD:
             ban = [(i, t) for i, s in enumerate(slots) if c["flags"][s] & _BAD
-                   for t in _bad_word_ends(self.params[s].bad_words_token_ids, output_tokens[i])]
+                   for t in bad_word_ends(self.params[s].bad_words_token_ids, output_tokens[i])]
             if ban:
                 banned = (torch.tensor([r for r, _ in ban], dtype=torch.int64).to(dev),
                           torch.tensor([t for _, t in ban], dtype=torch.int64).to(dev))

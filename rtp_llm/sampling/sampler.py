@@ -71,7 +71,7 @@ class SamplingBatch:
                     mask[i] = False
                     mask[i, torch.tensor(p.allowed_token_ids, dtype=torch.int64)] = True
             allowed = mask.to(device)
-        ban = [(i, t) for i, p in enumerate(params) for t in _bad_word_ends(p.bad_words_token_ids, output_tokens[i])]
+        ban = [(i, t) for i, p in enumerate(params) for t in bad_word_ends(p.bad_words_token_ids, output_tokens[i])]
         if ban:
             banned = (col([r for r, _ in ban], torch.int64), col([t for _, t in ban], torch.int64))
         add = [(i, int(t), float(v)) for i, p in enumerate(params) for t, v in (p.logit_bias or {}).items()]
@@ -101,7 +101,7 @@ class SamplingBatch:
         )
 
 
-def _bad_word_ends(words: Sequence[Sequence[int]], output: Sequence[int]) -> list[int]:
+def bad_word_ends(words: Sequence[Sequence[int]], output: Sequence[int]) -> list[int]:
     """The tokens that would complete a bad word now: a word's last token where the output ends with the rest."""
     out = []
     for w in words:

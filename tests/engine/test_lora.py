@@ -187,9 +187,9 @@ prefill's rows in one piece or in several."""
         adapter_steps = []
 
         class Watched:  # records whether each step with adapter rows ran in the C++ call
-            def runs(self, meta, lora=None):
-                ran = original.runs(meta, lora)
-                if lora is not None and lora.active:
+            def runs(self, meta):
+                ran = original.runs(meta)
+                if model.lora_ctx.active:
                     adapter_steps.append(ran)
                 return ran
 

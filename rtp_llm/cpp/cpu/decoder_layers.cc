@@ -112,7 +112,9 @@ at::Tensor gated_gate_up(const at::Tensor& x, const at::Tensor& packed, const st
                          int64_t out_features) {
     const int64_t inter = out_features / 2, blocks = (inter + 23) / 24, pad = blocks * 24 - inter;
     std::optional<at::Tensor> b;
-    if (bias) b = at::constant_pad_nd(bias->view({2, inter}), {0, pad}).view({2, blocks, 24}).transpose(0, 1).reshape(-1);
+    if (bias) {
+        b = at::constant_pad_nd(bias->view({2, inter}), {0, pad}).view({2, blocks, 24}).transpose(0, 1).reshape(-1);
+    }
     return rtp_llm::linear(x, std::nullopt, packed, b, blocks * 48, 0);
 }
 

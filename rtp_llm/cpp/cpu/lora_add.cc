@@ -5,7 +5,7 @@
 // Why a kernel: a step with several adapters made ~4 ATen calls and two GEMM calls per (layer, linear, group), each
 // tiny (8 rows, rank 16) and each paying dispatch and thread wake-ups; here the shrink and the expand of every
 // group's rows are one rtp_llm::parallel_for over blocks of up to 8 rows of a group (the adapter's weights read once
-// per block; a few blocks' columns split across threads). Each output element is computed by one thread in an order
+// per block; a decode step's wide outputs split by columns across threads). Each output element is computed by one thread in an order
 // fixed by the element (float32 multiply-adds, k ascending, then j ascending), so a row's bits do not depend on its
 // group, the step or the thread: the Python layers and decoder_layers call this same kernel.
 #include <ATen/ATen.h>

@@ -70,10 +70,10 @@ class FusedDecoderLayers:
         self.sizes = [n for layer in layers for name in names
                       for n in (layer.part(name).kernel.out_features, layer.part(name).kernel.gemv_rows)]
 
-    def runs(self, meta, lora=None) -> bool:
+    def runs(self, meta) -> bool:
         """Whether this step's layers run here: its rows all go through one attention kernel the op calls (every
-        row paged, or every row a prefill on the prefill kernel with row-independent linear kernels). lora: the
-        step's LoRAContext (its deltas run here whatever the step)."""
+        row paged, or every row a prefill on the prefill kernel with row-independent linear kernels); a step's
+        LoRA deltas run here whatever the step."""
         if not (self.enabled and self.usable and isinstance(meta, CpuMeta)):  # another attention backend's step
             return False
         return meta.all_paged or (meta.prefill_rows is None and self.rows_independent)

@@ -500,8 +500,8 @@ def test_fused_layers_in_one_call_equal_the_layer_by_layer_path(tmp_path, varian
     assert original.rows_independent == (panels or blocks)
 
     class Watched:  # records, step by step, whether the step's layers ran in the one C++ call
-        def runs(self, meta, lora=None):
-            fused_calls.append(original.runs(meta, lora))
+        def runs(self, meta):
+            fused_calls.append(original.runs(meta))
             return fused_calls[-1]
 
         def __call__(self, *args):
