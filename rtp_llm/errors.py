@@ -35,6 +35,10 @@ class UnsafeCheckpointError(CheckpointError):
     """A pickle checkpoint (.bin / .pt) was found and pickle loading was not allowed."""
 
 
+class LoRAError(CheckpointError):
+    """A LoRA adapter that cannot be served on this base model: its message names the problem."""
+
+
 class ChatTemplateError(ValueError):
     """The chat template rejected the messages (its own raise_exception), or failed to render."""
 

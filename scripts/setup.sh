@@ -42,6 +42,23 @@ PY
   echo "$TORCH_NPU_KEEP" > "$TORCH_NPU_DIR/.complete"
 fi
 
+# llama.cpp's own converters (convert_lora_to_gguf.py and what it imports), from the sdist of the llama-cpp-python
+# that the benchmarks' llama.cpp peer pins: the tests write GGUF LoRA adapters with them, as users do.
+LLAMACPP_PIN=$(grep -E '^llama-cpp-python==' benchmarks/peers/requirements-llamacpp.txt)
+LLAMACPP_DIR=.deps/llama.cpp-${LLAMACPP_PIN#llama-cpp-python==}
+if [ ! -e "$LLAMACPP_DIR/.complete" ]; then
+  echo "[setup] pip download: $LLAMACPP_PIN (sdist: llama.cpp's GGUF converters only; nothing built)"
+  rm -rf .deps/sdist "$LLAMACPP_DIR"
+  "$PYTHON" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+    "$LLAMACPP_PIN" -d .deps/sdist
+  mkdir -p "$LLAMACPP_DIR"
+  src="llama_cpp_python-${LLAMACPP_PIN#llama-cpp-python==}/vendor/llama.cpp"
+  tar -xzf .deps/sdist/*.tar.gz -C "$LLAMACPP_DIR" --strip-components=3 "$src/convert_lora_to_gguf.py" \
+    "$src/convert_hf_to_gguf.py" "$src/conversion" "$src/gguf-py" "$src/LICENSE"
+  rm -rf .deps/sdist
+  touch "$LLAMACPP_DIR/.complete"
+fi
+
 echo "[setup] bazel: building the C++ runtime (rtp_llm/_C.so) and CPU kernels (rtp_llm/_ops.so)"
 bazel build //rtp_llm:_C.so //rtp_llm:_ops.so
 for lib in _C.so _ops.so; do

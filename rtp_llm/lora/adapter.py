@@ -1,6 +1,7 @@
-"""A PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) read and checked against the base model:
-each target module's A [r, in] and B [out, r] with its scale (lora_alpha / r, or / sqrt(r) with use_rslora). What
-PEFT can express but this engine does not run (modules_to_save, DoRA, biases, alpha_pattern) is refused by name."""
+"""A LoRA adapter read and checked against the base model: each target module's A [r, in] and B [out, r] with its
+scale. PEFT's (adapter_config.json + adapter_model.safetensors: lora_alpha / r, or / sqrt(r) with use_rslora) or
+llama.cpp's GGUF adapter (gguf_adapter.py). What PEFT can express but this engine does not run (modules_to_save, DoRA,
+biases, alpha_pattern) is refused by name."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from typing import Optional
 
 import torch
 
-from rtp_llm.errors import CheckpointError
+from rtp_llm.errors import LoRAError
+from rtp_llm.lora.gguf_adapter import is_gguf_adapter, read_gguf_adapter
 
 # PEFT's module names -> (the fused layer that holds it, which slice of that layer's output)
 MODULES = {"q_proj": ("qkv", 0), "k_proj": ("qkv", 1), "v_proj": ("qkv", 2), "o_proj": ("o", 0),
@@ -35,10 +37,6 @@ class LoRARequest:
             raise ValueError(f"lora_int_id must be positive, got {self.lora_int_id}")
 
 
-class LoRAError(CheckpointError):
-    """An adapter that cannot be served on this base model: its message names the problem."""
-
-
 @dataclass
 class LoRAAdapter:
     request: LoRARequest
@@ -52,40 +50,14 @@ class LoRAAdapter:
 
     @classmethod
     def load(cls, request: LoRARequest, model_config, max_rank: int) -> "LoRAAdapter":
-        path = request.lora_path
-        cfg_path = os.path.join(path, "adapter_config.json")
-        if not os.path.isfile(cfg_path):
-            raise LoRAError(f"LoRA adapter {request.lora_name!r}: no adapter_config.json in {path}")
-        with open(cfg_path) as f:
-            cfg = json.load(f)
-        name = request.lora_name
-        for key, bad in (("modules_to_save", lambda v: bool(v)), ("use_dora", lambda v: bool(v)),
-                         ("bias", lambda v: v not in (None, "none")), ("fan_in_fan_out", lambda v: bool(v)),
-                         ("alpha_pattern", lambda v: bool(v))):
-            if bad(cfg.get(key)):
-                raise LoRAError(f"LoRA adapter {name!r}: {key}={cfg[key]!r} is not supported (plain LoRA on the "
-                                f"attention and MLP projections only)")
-        if cfg.get("peft_type", "LORA") != "LORA":
-            raise LoRAError(f"LoRA adapter {name!r}: peft_type {cfg.get('peft_type')!r} is not LORA")
-        targets = cfg.get("target_modules") or []
-        targets = list(MODULES) if targets == "all-linear" else [targets] if isinstance(targets, str) else targets
-        unknown = sorted(set(t.rsplit(".", 1)[-1] for t in targets) - set(MODULES))
-        if unknown:
-            raise LoRAError(f"LoRA adapter {name!r}: target modules {unknown} are not supported (only "
-                            f"{', '.join(MODULES)})")
-        r = int(cfg["r"])
-        if r > max_rank:
-            raise LoRAError(f"LoRA adapter {name!r}: rank {r} exceeds --max_lora_rank {max_rank}")
-        alpha = float(cfg.get("lora_alpha", r))
-        tensors = _read_tensors(path, name)
-        pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-        for tname, t in tensors.items():
-            m = _NAME.match(tname)
-            if m is None or m.group(2) not in MODULES:
-                raise LoRAError(f"LoRA adapter {name!r}: tensor {tname} is not a LoRA A or B of "
-                                f"{', '.join(MODULES)}")
-            pairs.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = t
-        adapter = cls(request, r)
+        """A PEFT adapter directory, or llama.cpp's GGUF adapter (a .gguf file): read, then checked the same way."""
+        name, path = request.lora_name, request.lora_path
+        if is_gguf_adapter(path):
+            pairs, alpha = read_gguf_adapter(path, name, model_config)
+            scale = (lambda r: alpha / r) if alpha else (lambda r: 1.0)  # llama.cpp's rule
+        else:
+            pairs, scale = _read_peft(path, name, max_rank)
+        adapter = cls(request, max((ab["A"].shape[0] for ab in pairs.values() if "A" in ab), default=0))
         expected = _shapes(model_config)
         for (layer, module), ab in sorted(pairs.items()):
             if set(ab) != {"A", "B"}:
@@ -96,16 +68,54 @@ class LoRAAdapter:
                                 f"{model_config.num_layers})")
             a, b = ab["A"].float(), ab["B"].float()
             rank = a.shape[0]
+            if a.dim() == 2 and rank > max_rank:
+                raise LoRAError(f"LoRA adapter {name!r}: layer {layer} {module} has rank {rank}, which exceeds "
+                                f"--max_lora_rank {max_rank}")
             fan_in, fan_out = expected[module]
-            if a.dim() != 2 or b.dim() != 2 or a.shape[1] != fan_in or b.shape != (fan_out, rank) or rank > max_rank:
+            if a.dim() != 2 or b.dim() != 2 or a.shape[1] != fan_in or b.shape != (fan_out, rank):
                 raise LoRAError(f"LoRA adapter {name!r}: layer {layer} {module} has A {tuple(a.shape)} and B "
-                                f"{tuple(b.shape)}; this base needs A [r, {fan_in}] and B [{fan_out}, r] with r <= "
-                                f"{max_rank} (an adapter of another base model?)")
-            scale = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
-            adapter.weights[(layer, module)] = (a.contiguous(), b.contiguous(), scale)
+                                f"{tuple(b.shape)}; this base needs A [r, {fan_in}] and B [{fan_out}, r] (an "
+                                f"adapter of another base model?)")
+            adapter.weights[(layer, module)] = (a.contiguous(), b.contiguous(), scale(rank))
         if not adapter.weights:
             raise LoRAError(f"LoRA adapter {name!r}: no LoRA tensors in {path}")
         return adapter
+
+
+def _read_peft(path: str, name: str, max_rank: int):
+    """PEFT's adapter_config.json checked and its tensors paired: ((layer, module) -> {"A", "B"}, scale(rank))."""
+    cfg_path = os.path.join(path, "adapter_config.json")
+    if not os.path.isfile(cfg_path):
+        raise LoRAError(f"LoRA adapter {name!r}: no adapter_config.json in {path}")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    for key, bad in (("modules_to_save", lambda v: bool(v)), ("use_dora", lambda v: bool(v)),
+                     ("bias", lambda v: v not in (None, "none")), ("fan_in_fan_out", lambda v: bool(v)),
+                     ("alpha_pattern", lambda v: bool(v))):
+        if bad(cfg.get(key)):
+            raise LoRAError(f"LoRA adapter {name!r}: {key}={cfg[key]!r} is not supported (plain LoRA on the "
+                            f"attention and MLP projections only)")
+    if cfg.get("peft_type", "LORA") != "LORA":
+        raise LoRAError(f"LoRA adapter {name!r}: peft_type {cfg.get('peft_type')!r} is not LORA")
+    targets = cfg.get("target_modules") or []
+    targets = list(MODULES) if targets == "all-linear" else [targets] if isinstance(targets, str) else targets
+    unknown = sorted(set(t.rsplit(".", 1)[-1] for t in targets) - set(MODULES))
+    if unknown:
+        raise LoRAError(f"LoRA adapter {name!r}: target modules {unknown} are not supported (only "
+                        f"{', '.join(MODULES)})")
+    r = int(cfg["r"])
+    if r > max_rank:
+        raise LoRAError(f"LoRA adapter {name!r}: rank {r} exceeds --max_lora_rank {max_rank}")
+    alpha = float(cfg.get("lora_alpha", r))
+    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for tname, t in _read_tensors(path, name).items():
+        m = _NAME.match(tname)
+        if m is None or m.group(2) not in MODULES:
+            raise LoRAError(f"LoRA adapter {name!r}: tensor {tname} is not a LoRA A or B of "
+                            f"{', '.join(MODULES)}")
+        pairs.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = t
+    rslora = bool(cfg.get("use_rslora"))
+    return pairs, (lambda rank: alpha / math.sqrt(rank) if rslora else alpha / rank)
 
 
 def _read_tensors(path: str, name: str) -> dict[str, torch.Tensor]:

@@ -204,7 +204,7 @@ class GGUFFile:
                 rows = int(t.shape[1])
                 blocks = t.data.reshape(rows, -1, BLOCK_BYTES[fmt])
                 if unpermute_qk and name.endswith(("q_proj.weight", "k_proj.weight")):
-                    blocks = np.ascontiguousarray(_unpermute(blocks, num_heads if ".q_proj." in name else num_kv_heads))
+                    blocks = np.ascontiguousarray(unpermute(blocks, num_heads if ".q_proj." in name else num_kv_heads))
                 yield name, QuantizedWeight(blocks, fmt)
                 continue
             data = self._gguf.quants.dequantize(t.data, t.tensor_type)
@@ -214,7 +214,7 @@ class GGUFFile:
             arr = np.asarray(data, dtype=np.float32).reshape(shape)
             if unpermute_qk and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):
                 heads = num_heads if ".q_proj." in name else num_kv_heads
-                arr = _unpermute(arr, heads)
+                arr = unpermute(arr, heads)
             if not arr.flags.writeable or not arr.flags.c_contiguous:  # F32 tensors are read-only mmap views
                 arr = np.array(arr, dtype=np.float32, order="C")
             yield name, torch.from_numpy(arr)
@@ -248,8 +248,9 @@ def open_gguf(path: str) -> GGUFFile:
     return files[key]
 
 
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Inverse of llama.cpp's `permute`: rows grouped (head, pair, half) -> (head, half, pair)."""
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of llama.cpp's `permute`: rows grouped (head, pair, half) -> (head, half, pair). Also undoes it on a
+    GGUF LoRA adapter's Q and K B matrices, which its converter permutes the same way."""
     rows = w.shape[0]
     return (w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:])
              .swapaxes(1, 2)
