@@ -8,7 +8,7 @@ group on the CPU (host metadata; on CUDA/NPU the model's collectives use NCCL/HC
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Sequence
 
@@ -27,6 +27,9 @@ class StepMessage:
     need_logits: list[int]           # per sequence: ForwardBatch.LOGITS_NONE / LOGITS_LAST / LOGITS_ALL
     block_table: np.ndarray          # [B, W] int32
     copies: list[tuple[int, int]]
+    loras: list[int] = field(default_factory=list)  # per sequence: its LoRA adapter's id, 0 for none ([]: none at all)
+    # (id, name, path) of adapters the other ranks have not been told of: each rank reads its slice from the path
+    adapters: list[tuple[int, str, str]] = field(default_factory=list)
 
     def encode(self) -> np.ndarray:
         b, w = self.block_table.shape
@@ -37,6 +40,11 @@ class StepMessage:
         parts += [np.asarray(s, dtype=np.int64) for s in self.slots]
         parts.append(self.block_table.astype(np.int64).ravel())
         parts.append(np.asarray(self.copies, dtype=np.int64).reshape(-1))
+        parts.append(np.asarray(self.loras or [0] * b, dtype=np.int64))
+        parts.append(np.array([len(self.adapters)], dtype=np.int64))
+        for lora_id, name, path in self.adapters:
+            text = [np.frombuffer(s.encode(), dtype=np.uint8).astype(np.int64) for s in (name, path)]
+            parts += [np.array([lora_id, len(text[0]), len(text[1])], dtype=np.int64), *text]
         return np.concatenate(parts)
 
     @classmethod
@@ -55,8 +63,17 @@ class StepMessage:
         table = data[at:at + b * w].astype(np.int32).reshape(b, w)
         at += b * w
         pairs = data[at:at + 2 * c].reshape(c, 2)
+        at += 2 * c
+        loras = data[at:at + b].tolist()
+        at += b
+        adapters = []
+        for _ in range(int(data[at])):
+            lora_id, n_name, n_path = (int(x) for x in data[at + 1:at + 4])
+            raw = data[at + 4:at + 4 + n_name + n_path].astype(np.uint8).tobytes()
+            adapters.append((lora_id, raw[:n_name].decode(), raw[n_name:].decode()))
+            at += 3 + n_name + n_path
         return cls(np.split(flat_tokens, ends[:-1]), starts, np.split(flat_slots, ends[:-1]), need, table,
-                   [(int(s), int(d)) for s, d in pairs])
+                   [(int(s), int(d)) for s, d in pairs], loras, adapters)
 
 
 class StepChannel:

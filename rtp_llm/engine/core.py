@@ -203,7 +203,7 @@ class EngineCore:
             if self.lora is None:
                 raise RequestRejected(f"LoRA adapter {request.lora.lora_name!r}: this engine runs without "
                                       f"--enable_lora", param="model")
-            req.lora_id = self.lora.admit(request.lora)
+            req.lora_id, req.lora_key = self.lora.admit(request.lora)
         self.requests[rid] = req
         if request.pooling is not None:
             req.pooling, req.pool_wanted = request.pooling, self.runner.pooler.rows_wanted()

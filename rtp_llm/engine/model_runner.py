@@ -8,6 +8,7 @@ running it; the other ranks (engine/tp_worker.py) run `forward` on what they rec
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -69,35 +70,38 @@ class ModelRunner:
         items = sched.scheduled
         tokens, starts, slots = [x.tokens for x in items], [x.start for x in items], [x.slots for x in items]
         need = [x.need_logits for x in items]
-        if self.lora is not None:
-            self.lora.set_step(self._lora_rows(items))
-        try:
-            return self._execute(sched, tokens, starts, slots, need)
-        finally:
-            if self.lora is not None:
-                self.lora.clear_step()
+        loras = [x.seq.request.lora_id or 0 for x in items] if self.lora is not None else []
+        with self._lora_step(loras, tokens):
+            return self._execute(sched, tokens, starts, slots, need, loras)
 
-    @staticmethod
-    def _lora_rows(items) -> dict[int, list[int]]:
-        """LoRA adapter id -> the step's flat-batch rows of its sequences."""
+    @contextlib.contextmanager
+    def _lora_step(self, loras: list[int], tokens):
+        """The step's rows grouped by LoRA adapter (loras: each sequence's adapter id, 0 for none) while it runs."""
+        if self.lora is None:
+            yield
+            return
         rows: dict[int, list[int]] = {}
         offset = 0
-        for x in items:
-            lora = x.seq.request.lora_id
+        for lora, t in zip(loras, tokens):
             if lora:
-                rows.setdefault(lora, []).extend(range(offset, offset + len(x.tokens)))
-            offset += len(x.tokens)
-        return rows
+                rows.setdefault(lora, []).extend(range(offset, offset + len(t)))
+            offset += len(t)
+        self.lora.set_step(rows)
+        try:
+            yield
+        finally:
+            self.lora.clear_step()
 
-    def _execute(self, sched: SchedulerOutput, tokens, starts, slots, need) -> RunnerOutput:
+    def _execute(self, sched: SchedulerOutput, tokens, starts, slots, need, loras) -> RunnerOutput:
         if self.pooler is not None:
             return self._pool(ForwardBatch.build(tokens, starts, slots, sched.block_table, self.block_size, need,
                                                  self.device), sched)
         greedy = self._greedy_step(sched) and not sched.prompt_rows
         try:
             if self.tp is not None:  # the other ranks run the same step from its message
+                adapters = self.lora.untold(loras) if self.lora is not None else []
                 self.tp.send_step(StepMessage([np.asarray(t) for t in tokens], starts, slots, need, sched.block_table,
-                                              list(sched.copies)))
+                                              list(sched.copies), loras, adapters))
             out = self._run(ForwardBatch.build(tokens, starts, slots, sched.block_table, self.block_size, need,
                                                self.device), sched.copies, greedy)
         except Exception as exc:
@@ -140,7 +144,10 @@ class ModelRunner:
         sample (only on rank 0), or with `greedy` possibly their argmax only (GreedyTokens)."""
         batch = ForwardBatch.build(step.tokens, step.starts, step.slots, step.block_table, self.block_size,
                                    step.need_logits, self.device)
-        return self._run(batch, step.copies, greedy)
+        if self.lora is not None:
+            self.lora.learn(step.adapters)
+        with self._lora_step(step.loras, step.tokens):
+            return self._run(batch, step.copies, greedy)
 
     def _run(self, batch: ForwardBatch, copies, greedy: bool):
         """The model call itself, identical on every tensor-parallel rank."""

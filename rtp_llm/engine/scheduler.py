@@ -197,13 +197,14 @@ class Scheduler:
             tokens = np.asarray(s.all_tokens(), dtype=np.int32)
             # a cached position has no logits, nor hidden states to pool
             reuse = not (s.index == 0 and s.request.needs_prompt_logprobs) and s.request.pooling is None
-            # the adapter's id keys the prefix cache: one adapter's KV is never another's (or the base's)
-            cached = m.match_prefix(tokens, lora) if reuse else 0
+            # the adapter's load keys the prefix cache: one adapter's KV is never another's (or the base's)
+            key = s.request.lora_key
+            cached = m.match_prefix(tokens, key) if reuse else 0
             chunk = min(s.num_tokens - cached, budget, self.prefill_chunk)
-            if not m.can_allocate(tokens if reuse else tokens[:0], cached + chunk, lora):
+            if not m.can_allocate(tokens if reuse else tokens[:0], cached + chunk, key):
                 break
             self.waiting.popleft()
-            s.num_computed_tokens = m.add_sequence(s.seq_id, tokens, lora, reuse_prefix=reuse)
+            s.num_computed_tokens = m.add_sequence(s.seq_id, tokens, key, reuse_prefix=reuse)
             if s.request.cached_tokens == 0 and s.preemptions == 0:
                 s.request.cached_tokens = s.num_computed_tokens
             s.state = SeqState.RUNNING

@@ -115,7 +115,8 @@ class Request:
     prompt_logprobs: list = field(default_factory=list)  # TokenLogprob of prompt tokens 1.., computed so far
     # A pooling request (rtp_llm/pooling/): its params, which prompt rows it reads beyond the last ("all",
     # "first" or ""), the rows gathered so far, and its result.
-    lora_id: int = 0  # its LoRA adapter's id (0: the base model); also its prefix-cache key
+    lora_id: int = 0  # its LoRA adapter's id (0: the base model)
+    lora_key: int = 0  # its adapter's prefix-cache key: new at every load, so an id reused after unload misses
     pooling: Optional[object] = None
     pool_wanted: str = ""
     pool_rows: Optional[object] = None

@@ -41,7 +41,9 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp is None:
             y = self.kernel(x, self.bias)
-        else:
-            y = self.tp.all_reduce(self.kernel(x, None))
-            y = y if self.bias is None else y + self.bias
-        return self.lora.add(x, y) if self.lora_active else y
+            return self.lora.add(x, y) if self.lora_active else y
+        y = self.kernel(x, None)
+        if self.lora_active:  # the delta of this rank's input slice joins its partial sum before the all-reduce
+            y = self.lora.add(x, y)
+        y = self.tp.all_reduce(y)
+        return y if self.bias is None else y + self.bias

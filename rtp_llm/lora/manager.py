@@ -23,8 +23,6 @@ _FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("
 
 class LoRAManager:
     def __init__(self, model, max_loras: int = 1, max_lora_rank: int = 16, max_cpu_loras: Optional[int] = None):
-        if model.tp is not None:
-            raise ValueError("LoRA adapters run on one rank (tp_size 1) for now")
         if any(layer.moe for layer in model.layers):
             raise ValueError("LoRA adapters apply to dense models (attention and gated MLP projections) for now")
         self.model, self.cfg = model, model.cfg
@@ -32,8 +30,12 @@ class LoRAManager:
         self.max_cpu_loras = max(max_cpu_loras or max_loras, max_loras)
         self.ctx = LoRAContext()
         self.device = model.embed.device
+        shard, d = model.shard, self.cfg.head_dim  # this rank's heads and MLP columns under tensor parallelism
+        q, kv, inter = shard.num_heads * d, shard.num_kv_heads * d, shard.intermediate
+        # A and B sharded like the base: column-parallel layers take B's rows of their outputs, row-parallel ones
+        # A's columns of their inputs (their partial deltas join the base's partial sums in one all-reduce)
+        self.slices = shard.weight_slices(self.cfg)
         mc = self.cfg
-        q, kv, inter = mc.q_size, mc.kv_size, mc.intermediate_size
         offsets = {"qkv": [0, q, q + kv], "o": [0], "gate_up": [0, inter], "down": [0]}
         outs = {"qkv": q + 2 * kv, "o": mc.hidden_size, "gate_up": 2 * inter, "down": mc.hidden_size}
         self.layers = []  # per decoder layer: fused name -> LinearLoRA
@@ -48,6 +50,9 @@ class LoRAManager:
         self.host: OrderedDict[int, LoRAAdapter] = OrderedDict()  # loaded adapters, LRU order
         self.slots: OrderedDict[int, int] = OrderedDict()  # lora id -> slot, LRU order
         self.retiring: set[str] = set()  # unloaded while requests still ran with them
+        self.loads = 0  # adapters added so far: each load's prefix-cache key (a reused id must not hit the old KV)
+        self.cache_keys: dict[int, int] = {}
+        self.told: dict[int, tuple[str, str]] = {}  # tensor parallelism: what the other ranks know of each id
 
     @classmethod
     def for_engine(cls, config, model, pooling: bool, device) -> Optional["LoRAManager"]:
@@ -68,14 +73,14 @@ class LoRAManager:
         return manager
 
     # --- adapters ----------------------------------------------------------------------------------------------
-    def admit(self, request: LoRARequest) -> int:
-        """A request's adapter, loaded on first use: its id, or RequestRejected naming what is wrong with it (the
-        engine and its other requests go on)."""
+    def admit(self, request: LoRARequest) -> tuple[int, int]:
+        """A request's adapter, loaded on first use: its id and prefix-cache key, or RequestRejected naming what is
+        wrong with it (the engine and its other requests go on)."""
         try:
             self.add(request)
         except LoRAError as exc:
             raise RequestRejected(str(exc), param="model") from None
-        return request.lora_int_id
+        return request.lora_int_id, self.cache_keys[request.lora_int_id]
 
     def add(self, request: LoRARequest) -> LoRAAdapter:
         """Loads (and checks) an adapter; LoRAError names what is wrong with it. Re-adding a known name with the
@@ -88,6 +93,9 @@ class LoRAManager:
                for r in self.known.values()):
             raise LoRAError(f"lora_int_id {request.lora_int_id} is taken by another adapter")
         adapter = self._host(request)
+        if request.lora_name not in self.known:
+            self.loads += 1
+            self.cache_keys[request.lora_int_id] = self.loads
         self.known[request.lora_name] = request
         return adapter
 
@@ -111,6 +119,7 @@ class LoRAManager:
         if request is None:
             raise LoRAError(f"no LoRA adapter named {name!r} is loaded")
         self.host.pop(request.lora_int_id, None)
+        self.cache_keys.pop(request.lora_int_id, None)
         slot = self.slots.pop(request.lora_int_id, None)
         if slot is not None:
             for per in self.layers:
@@ -158,9 +167,35 @@ class LoRAManager:
             slot = len(self.slots)
         for i, per in enumerate(self.layers):
             for fused, mods in _FUSED.items():
-                per[fused].install(slot, [adapter.weights.get((i, m)) for m in mods], self.device)
+                per[fused].install(slot, [self._shard(i, m, adapter.weights.get((i, m))) for m in mods], self.device)
         self.slots[lora_id] = slot
         return slot
+
+    def _shard(self, layer: int, module: str, w):
+        if w is None or not self.slices:
+            return w
+        a, b, scale = w
+        room = "mlp" if module in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+        dim, start, stop = self.slices[f"model.layers.{layer}.{room}.{module}.weight"]
+        return (a, b[start:stop], scale) if dim == 0 else (a[:, start:stop], b, scale)
+
+    # --- tensor parallelism: rank 0 tells the other ranks which adapter each id is --------------------------------
+    def untold(self, ids) -> list[tuple[int, str, str]]:
+        """(id, name, path) of this step's adapters the other ranks do not know yet (or know as another)."""
+        out = []
+        for lora_id in dict.fromkeys(i for i in ids if i):
+            request = next(r for r in self.known.values() if r.lora_int_id == lora_id)
+            if self.told.get(lora_id) != (request.lora_name, request.lora_path):
+                self.told[lora_id] = (request.lora_name, request.lora_path)
+                out.append((lora_id, request.lora_name, request.lora_path))
+        return out
+
+    def learn(self, adapters) -> None:
+        """A rank > 0: adapters rank 0 has admitted, each replacing whatever this rank knew by that id or name."""
+        for lora_id, name, path in adapters:
+            for old in [r.lora_name for r in self.known.values() if r.lora_int_id == lora_id or r.lora_name == name]:
+                self.remove(old)
+            self.add(LoRARequest(name, lora_id, path))
 
     def id_of(self, name: str) -> Optional[int]:
         r = self.known.get(name)

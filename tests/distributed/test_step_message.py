@@ -20,7 +20,10 @@ def _random_message(rng: np.random.Generator, batch: int) -> StepMessage:
     return StepMessage([rng.integers(0, 150000, n) for n in q], rng.integers(0, 5000, batch).tolist(),
                        [rng.integers(0, 10 ** 6, n) for n in q], rng.integers(0, 2, batch).astype(bool).tolist(),
                        rng.integers(0, 3000, (batch, width)).astype(np.int32),
-                       [tuple(int(x) for x in rng.integers(0, 3000, 2)) for _ in range(int(rng.integers(0, 4)))])
+                       [tuple(int(x) for x in rng.integers(0, 3000, 2)) for _ in range(int(rng.integers(0, 4)))],
+                       rng.integers(0, 3, batch).tolist() if batch % 2 else [],
+                       [(int(rng.integers(1, 99)), name, f"/adapters/{name}.gguf")
+                        for name in ["sql", "čeština-适配器", ""][:int(rng.integers(0, 4))]])
 
 
 def test_encode_decode_round_trip():
@@ -31,6 +34,7 @@ def test_encode_decode_round_trip():
         assert [t.tolist() for t in back.tokens] == [t.tolist() for t in msg.tokens]
         assert [s.tolist() for s in back.slots] == [s.tolist() for s in msg.slots]
         assert back.starts == msg.starts and back.need_logits == msg.need_logits and back.copies == msg.copies
+        assert back.loras == (msg.loras or [0] * batch) and back.adapters == msg.adapters  # LoRA ids, names, paths
         assert back.block_table.dtype == np.int32 and np.array_equal(back.block_table, msg.block_table)
 
 

@@ -14,40 +14,10 @@ from rtp_llm import LLM, SamplingParams
 from rtp_llm.errors import RequestRejected
 from rtp_llm.lora import LoRARequest
 from rtp_llm.models.default_model import default_model_path
+from tests.engine.lora_helpers import ALL, make_adapter, reference
 from tests.models.tiny_checkpoints import make_checkpoint
 
 PROMPTS = [[5, 17, 33, 2, 90, 14, 7], [100, 3, 3, 41, 8, 250, 61, 19, 4, 77, 12], [9, 9]]
-ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def make_adapter(base_dir, out, r, targets=ALL, rslora=False, alpha=None, seed=0):
-    """A peft adapter with random A and B (init_lora_weights=False: a zero B would change nothing); returns the
-    transformers + peft model (unmerged) to compare with."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
-    peft_model = get_peft_model(base, LoraConfig(r=r, lora_alpha=alpha or 2 * r, target_modules=targets,
-                                                 use_rslora=rslora, init_lora_weights=False, lora_dropout=0.0))
-    with torch.no_grad():  # B large enough that a missed or misplaced delta shows in the logits
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                p.mul_(20.0)
-    peft_model.save_pretrained(str(out))
-    return peft_model.eval()
-
-
-def reference(model, prompt, n):
-    """Greedy tokens and their logprobs, from the full sequence's logits at every step."""
-    ids, lps = list(prompt), []
-    with torch.no_grad():
-        for _ in range(n):
-            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1].float(), -1)
-            t = int(logp.argmax())
-            ids.append(t)
-            lps.append(float(logp[t]))
-    return ids[len(prompt):], lps
 
 
 def engine(base, **kw):

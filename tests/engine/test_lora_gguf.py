@@ -18,6 +18,7 @@ from rtp_llm import LLM, SamplingParams
 from rtp_llm.errors import RequestRejected
 from rtp_llm.lora import LoRARequest
 from rtp_llm.models.default_model import default_model_path
+from tests.engine.lora_helpers import make_adapter, reference
 from tests.models.tiny_checkpoints import make_checkpoint
 from tests.models.tiny_gguf import write_tiny_gguf
 
@@ -25,24 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PIN = (ROOT / "benchmarks/peers/requirements-llamacpp.txt").read_text().split("llama-cpp-python==")[1].split()[0]
 CONVERTER = ROOT / ".deps" / f"llama.cpp-{PIN}" / "convert_lora_to_gguf.py"
 PROMPTS = [[5, 17, 33, 2, 90, 14, 7], [100, 3, 3, 41, 8, 250, 61, 19, 4, 77, 12]]
-ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 GREEDY = SamplingParams(max_tokens=8, temperature=0, logprobs=0)
-
-
-def make_peft(hf, out, r, targets=ALL, seed=0):
-    """A peft adapter on hf (which it wraps in place) with random A and B, B scaled up so that a misplaced delta
-    shows; every value a bf16 one, so that the converter's bf16 output holds the same numbers."""
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(seed)
-    model = get_peft_model(hf, LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets, init_lora_weights=False,
-                                          lora_dropout=0.0))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.copy_((p * (20.0 if "lora_B" in name else 1.0)).bfloat16().float())
-    model.save_pretrained(str(out))
-    return model.eval()
 
 
 def convert(adapter_dir, base_config_dir, out, outtype="f32") -> str:
@@ -52,17 +36,6 @@ def convert(adapter_dir, base_config_dir, out, outtype="f32") -> str:
                           "--outtype", outtype, str(adapter_dir)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     return str(out)
-
-
-def reference(model, prompt, n):
-    ids, lps = list(prompt), []
-    with torch.no_grad():
-        for _ in range(n):
-            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1].float(), -1)
-            t = int(logp.argmax())
-            ids.append(t)
-            lps.append(float(logp[t]))
-    return ids[len(prompt):], lps
 
 
 def run(llm, prompts, lora):
@@ -95,7 +68,7 @@ def gguf_engine(path, **kw):
 @pytest.mark.parametrize("outtype", ["f32", "bf16"])
 def test_gguf_adapters_on_a_gguf_base_match_peft(tmp_path, outtype):
     path, hf, cfg_dir = gguf_base(tmp_path)
-    ref = make_peft(hf, tmp_path / "peft", 8)
+    ref = make_adapter(hf, tmp_path / "peft", 8, bf16_values=True)
     g = LoRARequest("g", 1, convert(tmp_path / "peft", cfg_dir, tmp_path / "a.gguf", outtype))
     p = LoRARequest("p", 2, str(tmp_path / "peft"))
     llm = gguf_engine(path, max_loras=2)
@@ -117,7 +90,7 @@ def test_a_gguf_adapter_on_a_qwen2_safetensors_base(tmp_path):
     """No permutation for qwen2 (an un-permuted B would give other bits than the PEFT directory); a subset of the
     modules; alpha / r as llama.cpp scales it."""
     hf = make_checkpoint(tmp_path / "base", "qwen2_gqa4_bias_untied")
-    ref = make_peft(hf, tmp_path / "peft", 4, ["q_proj", "k_proj", "down_proj"], seed=1)
+    ref = make_adapter(hf, tmp_path / "peft", 4, ["q_proj", "k_proj", "down_proj"], seed=1, bf16_values=True)
     g = LoRARequest("g", 1, convert(tmp_path / "peft", tmp_path / "base", tmp_path / "a.gguf"))
     llm = LLM(str(tmp_path / "base"), tokenizer=default_model_path(), enable_lora=True, block_size=4,
               num_blocks=256, max_model_len=256)
@@ -158,7 +131,7 @@ def test_bad_gguf_adapters_are_refused_by_name_and_the_base_keeps_serving(tmp_pa
     import gguf
 
     path, hf, cfg_dir = gguf_base(tmp_path)
-    make_peft(hf, tmp_path / "peft", 8)
+    make_adapter(hf, tmp_path / "peft", 8, bf16_values=True)
     good = convert(tmp_path / "peft", cfg_dir, tmp_path / "a.gguf")
     arr = np.ones((8, 64), dtype=np.float32)
     t = gguf.GGUFValueType
