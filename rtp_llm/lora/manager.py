@@ -148,7 +148,7 @@ class LoRAManager:
         groups = []
         for lora_id, rows in rows_of.items():
             slot = self._resident(lora_id)
-            groups.append((slot, torch.tensor(rows, dtype=torch.long, device=self.device)))
+            groups.append((slot, torch.tensor(rows, dtype=torch.long).to(self.device)))
         self.ctx.groups = groups
 
     def clear_step(self) -> None:

@@ -41,6 +41,7 @@ def npu_status() -> tuple[bool, str]:
 
 class NpuDevice(Device):
     name = "npu"
+    runs_lora = True  # TorchOps.lora_add's torch ops (index_select, mm, index_copy_), checked on the emulator
     collective_backend = "hccl"
     attention_backends = {"torch_ref": TorchRefAttention, "ascend": AscendAttention}
     default_attention = "ascend"
