@@ -186,8 +186,14 @@ class TorchOps:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
+    def lora_pack(self, a_t: torch.Tensor, bt: torch.Tensor, segments=None) -> tuple:
+        """An adapter's weights on one linear layer as lora_add takes them: a_t [K, r] (A^T) and bt [r, N]
+        ((B * scale)^T) float32; segments: the fused modules' (rank rows, output columns) blocks [(r0, r1, c0, c1)],
+        outside which bt is zero (a device may skip the zeros)."""
+        return a_t, bt
+
     def lora_add(self, x: torch.Tensor, y: torch.Tensor, groups) -> None:
-        """LoRA deltas into y in place: for each (rows or None = every row, a_t [K, r], bt [r, N]) group,
+        """LoRA deltas into y in place: for each (rows or None = every row, *lora_pack's weights) group,
         y[rows] += (x[rows] @ a_t) @ bt in float32, rounded once to y's dtype."""
         x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
         for rows, a_t, bt in groups:

@@ -24,9 +24,9 @@ class LoRAContext:
 class LinearLoRA:
     """One base Linear's adapters by slot. The modules it fuses (qkv: q, k, v; gate_up: gate, up) are joined at
     install: a_t [in, sum r] holds their A^T side by side, bt [sum r, out] places each (B * scale)^T in its rank
-    rows and its output columns (zeros elsewhere), so a group's delta is one shrink and one expand whatever the
-    fusion. Both float32, as
-    PEFT keeps adapters on a bf16 base; the device's lora_add computes every group's rows (each row on its own, so a
+    rows and its output columns (zeros elsewhere: each module's block is a segment the device's lora_pack may keep
+    alone), so a group's delta is one shrink and one expand whatever the fusion. Both float32, as PEFT keeps
+    adapters on a bf16 base; the device's lora_add computes every group's rows (each row on its own, so a
     row's delta is the same bits in any batch), and the CPU's fused decoder layers call the same kernel."""
 
     def __init__(self, ctx: LoRAContext, offsets: list[int], out_features: int, ops):
@@ -34,7 +34,7 @@ class LinearLoRA:
         self.offsets = offsets  # where each fused module's output starts
         self.out_features = out_features
         self.ops = ops
-        self.slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # slot -> (a_t [in, r], bt [r, out])
+        self.slots: dict[int, tuple] = {}  # slot -> the adapter's weights as the device's lora_pack made them
 
     @property
     def active(self) -> bool:
@@ -49,11 +49,13 @@ class LinearLoRA:
             return
         a_all = torch.cat([a for _, a, _, _ in given]).float().contiguous()
         bt_all = torch.zeros(a_all.shape[0], self.out_features, dtype=torch.float32)
-        row = 0
+        row, segments = 0, []
         for start, a, b, scale in given:
             bt_all[row:row + a.shape[0], start:start + b.shape[0]] = (b.float() * scale).t()
+            segments.append((row, row + a.shape[0], start, start + b.shape[0]))
             row += a.shape[0]
-        self.slots[slot] = (a_all.t().contiguous().to(device), bt_all.to(device))
+        packed = self.ops.lora_pack(a_all.t().contiguous(), bt_all, segments)
+        self.slots[slot] = tuple(t.to(device) for t in packed)
 
     def remove(self, slot: int) -> None:
         self.ctx.installs += 1

@@ -74,7 +74,7 @@ struct LayerWeights {
 };
 
 // The step's adapter groups: rows[g] the flat-batch rows of group g; per (layer, linear, group) its adapter's
-// a_t [K, r] and scaled bt [r, N] (None where the adapter has no such module), added by lora_add_ (lora_add.cc).
+// packed a, b and tiles (None where the adapter has no such module), added by lora_add_ (lora_add.cc).
 struct LoRADeltas {
     const c10::List<at::Tensor>& rows;
     const c10::List<std::optional<at::Tensor>>& w;
@@ -93,16 +93,17 @@ struct LoRADeltas {
     // y += the deltas of layer's linear l on input x, the rows of piece j.
     void add(int64_t layer, Linear l, size_t j, const at::Tensor& x, at::Tensor& y) const {
         c10::List<std::optional<at::Tensor>> r;
-        c10::List<at::Tensor> a, bt;
+        c10::List<at::Tensor> a, b, tiles;
         for (int64_t g = 0; g < groups; ++g) {
-            const int64_t base = ((layer * kLinears + l) * groups + g) * 2;
-            const std::optional<at::Tensor> ag = w.get(base), bg = w.get(base + 1);
+            const int64_t base = ((layer * kLinears + l) * groups + g) * 3;
+            const std::optional<at::Tensor> ag = w.get(base), bg = w.get(base + 1), tg = w.get(base + 2);
             if (!ag.has_value() || !ag->defined() || local[j][g].numel() == 0) continue;
             r.push_back(local[j][g]);
             a.push_back(*ag);
-            bt.push_back(*bg);
+            b.push_back(*bg);
+            tiles.push_back(*tg);
         }
-        if (!a.empty()) lora_add_(y, x, r, a, bt);
+        if (!a.empty()) lora_add_(y, x, r, a, b, tiles);
     }
 };
 
@@ -132,8 +133,8 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
     const c10::List<at::Tensor>& lora_rows, const c10::List<std::optional<at::Tensor>>& lora_weights) {
     const int64_t layers = kv.size(0), tokens = x_in.size(0);
     LoRADeltas lora{lora_rows, lora_weights, static_cast<int64_t>(lora_rows.size()), {}};
-    TORCH_CHECK(static_cast<int64_t>(lora_weights.size()) == layers * kLinears * lora.groups * 2,
-                "decoder_layers: 2 LoRA weights per (layer, linear, group) expected");
+    TORCH_CHECK(static_cast<int64_t>(lora_weights.size()) == layers * kLinears * lora.groups * 3,
+                "decoder_layers: 3 packed LoRA tensors per (layer, linear, group) expected");
     TORCH_CHECK(layers >= 1, "decoder_layers: no layers");
     TORCH_CHECK(x_in.dim() == 2 && x_in.is_contiguous(), "decoder_layers: x must be contiguous [tokens, hidden]");
     TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * kSlots, "decoder_layers: ", kSlots,

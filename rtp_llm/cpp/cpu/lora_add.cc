@@ -1,14 +1,21 @@
 // LoRA deltas on a linear layer's output, every adapter group of a step in one call (the Punica shrink / expand
-// per group): y[t] += (x[t] @ a_t) @ bt for each row t of a group, a_t [K, r] and bt [r, N] its adapter's float32
-// A^T and scaled B^T (rtp_llm/lora/layers.py joins a fused layer's modules into them).
+// per group): y[t] += (x[t] @ A^T) @ (B * scale)^T for each row t of a group, from the adapter's weights packed once
+// at install (CpuOps.lora_pack) into tiles of 8 columns:
+//   a  [ceil(R / 8), K, 8]: A^T's rank columns in tiles, each tile's K rows contiguous (the shrink streams it);
+//   b  flat: per output tile, the rank rows that reach those 8 columns ([nj, 8], zero-padded past the last column);
+//   tiles [Nt, 5] int64: per output tile (offset of its data in b, first rank row j0, nj, y column, width <= 8).
+// A fused layer's modules (q, k, v; gate, up) own disjoint rank rows and columns, so a tile holds only its module's
+// rank rows: the zeros of the joined matrix are neither stored nor read. The y column of a tile is free, so the same
+// packing serves gate_up's output in gated panels' order (fused_layers.py remaps the tiles' columns).
 //
 // Why a kernel: a step with several adapters made ~4 ATen calls and two GEMM calls per (layer, linear, group), each
-// tiny (8 rows, rank 16) and each paying dispatch and thread wake-ups; here the shrink and the expand of every
-// group's rows are one rtp_llm::parallel_for over blocks of up to 8 rows of a group (the adapter's weights read once
-// per block; a decode step's wide outputs split by columns across threads). Each output element is computed by one thread in an order
-// fixed by the element (float32 multiply-adds, k ascending, then j ascending), so a row's bits do not depend on its
-// group, the step or the thread: the Python layers and decoder_layers call this same kernel.
+// tiny (8 rows, rank 16); here the shrink and the expand of every group's rows are one rtp_llm::parallel_for over
+// blocks of up to 8 rows of a group (the adapter's weights read once per block, 8 rows' sums in registers; a decode
+// step's few blocks split by tiles across threads). Each output element is one thread's, computed in an order fixed
+// by the element (float32 fused multiply-adds, k ascending, then the rank ascending, added to y once), so a row's
+// bits do not depend on its group, the step or the thread: the Python layers and decoder_layers call this kernel.
 #include <ATen/ATen.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <vector>
@@ -20,47 +27,60 @@
 namespace rtp_llm {
 namespace {
 
-constexpr int64_t kColumns = 512;      // expand's columns per pass over the rank
-constexpr int64_t kPartColumns = 1024;  // a split decode step's parts hold at least this many columns
-constexpr int64_t kMinBytes = 1 << 16;  // adapter weight bytes below which a call runs on the calling thread
 constexpr int64_t kRows = 8;           // rows of a group computed together (the adapter's weights read once)
+constexpr int64_t kPartTiles = 128;    // a split decode step's parts hold at least this many tiles (1024 columns)
+constexpr int64_t kMinBytes = 1 << 16;  // adapter weight bytes below which a call runs on the calling thread
 
 struct Group {
     const int64_t* rows;  // nullptr: rows 0..n-1
     int64_t n, r;
-    const float* at;  // [K, r]
-    const float* bt;  // [r, N]
+    const float* a;        // [ceil(r / 8), K, 8]
+    const float* b;        // tiles' data
+    const int64_t* tiles;  // [nt, 5]
+    int64_t nt;
 };
 
-// Q rows of one group: the shrink and the expand with Q independent chains; every row gets the same operations in
-// the same order whatever Q and its slot, so its bits do not depend on the rows beside it.
+// Q rows of one group over tiles [t0, t1): the shrink into mid [Q, ceil(r / 8) * 8], then each tile's expand with
+// Q accumulators in registers.
 template <int Q, typename T>
-void rows_block(const Group& g, const T* const* xr, T* const* yr, int64_t k, int64_t n_out, int64_t c_begin,
-                int64_t c_end, float* mid, float* acc) {
-    const int64_t r = g.r;
-    std::fill(mid, mid + Q * r, 0.0f);
-    for (int64_t c = 0; c < k; ++c) {  // shrink: mid = x @ a_t, k ascending for every element
-        const float* ac = g.at + c * r;
-        float v[Q];
-        for (int q = 0; q < Q; ++q) v[q] = static_cast<float>(xr[q][c]);
-#pragma omp simd
-        for (int64_t j = 0; j < r; ++j)
-            for (int q = 0; q < Q; ++q) mid[q * r + j] += v[q] * ac[j];
-    }
-    for (int64_t c0 = c_begin; c0 < c_end; c0 += kColumns) {  // expand: y += mid @ bt, j ascending, rounded once
-        const int64_t w = std::min(kColumns, c_end - c0);
-        std::fill(acc, acc + Q * kColumns, 0.0f);
-        for (int64_t j = 0; j < r; ++j) {
-            float u[Q];
-            for (int q = 0; q < Q; ++q) u[q] = mid[q * r + j];
-            const float* bj = g.bt + j * n_out + c0;
-#pragma omp simd
-            for (int64_t c = 0; c < w; ++c)
-                for (int q = 0; q < Q; ++q) acc[q * kColumns + c] += u[q] * bj[c];
+void rows_block(const Group& g, const T* const* xr, T* const* yr, int64_t k, int64_t t0, int64_t t1, float* xf,
+                float* mid) {
+    for (int q = 0; q < Q; ++q)
+        for (int64_t c = 0; c < k; ++c) xf[q * k + c] = static_cast<float>(xr[q][c]);
+    const int64_t rt = (g.r + 7) / 8;
+    for (int64_t jt = 0; jt < rt; ++jt) {  // shrink: mid[:, 8jt..8jt+7] = x @ a's tile, k ascending
+        const float* at = g.a + jt * k * 8;
+        __m256 acc[Q];
+        for (int q = 0; q < Q; ++q) acc[q] = _mm256_setzero_ps();
+        for (int64_t c = 0; c < k; ++c) {
+            const __m256 w = _mm256_loadu_ps(at + c * 8);
+            for (int q = 0; q < Q; ++q) acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(xf[q * k + c]), w, acc[q]);
         }
-        for (int q = 0; q < Q; ++q)
-            for (int64_t c = 0; c < w; ++c)
-                yr[q][c0 + c] = vec::to<T>(static_cast<float>(yr[q][c0 + c]) + acc[q * kColumns + c]);
+        for (int q = 0; q < Q; ++q) _mm256_storeu_ps(mid + q * rt * 8 + jt * 8, acc[q]);
+    }
+    alignas(32) float tmp[8];
+    alignas(32) T out[8];
+    for (int64_t t = t0; t < t1; ++t) {  // expand: y[:, tile] += mid @ the tile's rank rows, the rank ascending
+        const int64_t* d = g.tiles + t * 5;
+        const float* bt = g.b + d[0];
+        const int64_t j0 = d[1], nj = d[2], col = d[3], width = d[4];
+        __m256 acc[Q];
+        for (int q = 0; q < Q; ++q) acc[q] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < nj; ++j) {
+            const __m256 w = _mm256_loadu_ps(bt + j * 8);
+            for (int q = 0; q < Q; ++q)
+                acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(mid[q * rt * 8 + j0 + j]), w, acc[q]);
+        }
+        for (int q = 0; q < Q; ++q) {
+            T* yq = yr[q] + col;
+            if (width == 8) {
+                vec::store8(yq, _mm256_add_ps(vec::load8(yq), acc[q]));
+            } else {  // a module's last tile: only its columns
+                _mm256_store_ps(tmp, acc[q]);
+                for (int64_t c = 0; c < width; ++c) out[c] = vec::to<T>(static_cast<float>(yq[c]) + tmp[c]);
+                std::copy(out, out + width, yq);
+            }
+        }
     }
 }
 
@@ -74,23 +94,27 @@ void run(const at::Tensor& x, at::Tensor& y, const std::vector<Group>& groups, i
         int64_t first, count;  // rows first.. of the group
     };
     std::vector<Block> blocks;
-    for (size_t gi = 0; gi < groups.size(); ++gi)
+    int64_t max_tiles = 0;
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+        max_tiles = std::max(max_tiles, groups[gi].nt);
         for (int64_t i = 0; i < groups[gi].n; i += kRows)
             blocks.push_back({static_cast<int32_t>(gi), i, std::min(kRows, groups[gi].n - i)});
-    // Few blocks (a decode step's few rows): their columns split too, each part computing the block's shrink again,
+    }
+    // Few blocks (a decode step's few rows): their tiles split too, each part computing the block's shrink again,
     // so that both threads stream the adapter's weights.
     const int64_t parts = static_cast<int64_t>(blocks.size()) >= 4 ? 1
-                          : std::max<int64_t>(1, std::min<int64_t>(4, n_out / kPartColumns));
-    const int64_t part_cols = (n_out + parts - 1) / parts;
+                          : std::max<int64_t>(1, std::min<int64_t>(4, max_tiles / kPartTiles));
     // the weights an item reads: what makes a call worth more than one thread (the work is memory-bound)
-    const int64_t item_bytes = std::max<int64_t>(1, max_r * (k + part_cols) * static_cast<int64_t>(sizeof(float)));
+    const int64_t item_bytes = std::max<int64_t>(1, max_r * (k + 8 * max_tiles / parts) * 4);
+    const int64_t rt_max = (max_r + 7) / 8;
     parallel_for(0, static_cast<int64_t>(blocks.size()) * parts, (kMinBytes + item_bytes - 1) / item_bytes,
                  [&](int64_t b, int64_t e) {
-        std::vector<float> mid(kRows * max_r), acc(kRows * kColumns);
+        std::vector<float> xf(kRows * k), mid(kRows * rt_max * 8);
         for (int64_t it = b; it < e; ++it) {
             const Block& blk = blocks[it / parts];
             const Group& g = groups[blk.group];
-            const int64_t c_begin = (it % parts) * part_cols, c_end = std::min(n_out, c_begin + part_cols);
+            const int64_t per = (g.nt + parts - 1) / parts, t0 = std::min(g.nt, (it % parts) * per);
+            const int64_t t1 = std::min(g.nt, t0 + per);
             const T* xr[kRows];
             T* yr[kRows];
             for (int64_t q = 0; q < blk.count; ++q) {
@@ -98,17 +122,17 @@ void run(const at::Tensor& x, at::Tensor& y, const std::vector<Group>& groups, i
                 xr[q] = xp + row * k;
                 yr[q] = yp + row * n_out;
             }
+            float* xb = xf.data();
             float* m = mid.data();
-            float* a = acc.data();
             switch (blk.count) {
-                case 1: rows_block<1>(g, xr, yr, k, n_out, c_begin, c_end, m, a); break;
-                case 2: rows_block<2>(g, xr, yr, k, n_out, c_begin, c_end, m, a); break;
-                case 3: rows_block<3>(g, xr, yr, k, n_out, c_begin, c_end, m, a); break;
-                case 4: rows_block<4>(g, xr, yr, k, n_out, c_begin, c_end, m, a); break;
-                case 5: rows_block<5>(g, xr, yr, k, n_out, c_begin, c_end, m, a); break;
-                case 6: rows_block<6>(g, xr, yr, k, n_out, c_begin, c_end, m, a); break;
-                case 7: rows_block<7>(g, xr, yr, k, n_out, c_begin, c_end, m, a); break;
-                default: rows_block<8>(g, xr, yr, k, n_out, c_begin, c_end, m, a); break;
+                case 1: rows_block<1>(g, xr, yr, k, t0, t1, xb, m); break;
+                case 2: rows_block<2>(g, xr, yr, k, t0, t1, xb, m); break;
+                case 3: rows_block<3>(g, xr, yr, k, t0, t1, xb, m); break;
+                case 4: rows_block<4>(g, xr, yr, k, t0, t1, xb, m); break;
+                case 5: rows_block<5>(g, xr, yr, k, t0, t1, xb, m); break;
+                case 6: rows_block<6>(g, xr, yr, k, t0, t1, xb, m); break;
+                case 7: rows_block<7>(g, xr, yr, k, t0, t1, xb, m); break;
+                default: rows_block<8>(g, xr, yr, k, t0, t1, xb, m); break;
             }
         }
     });
@@ -117,37 +141,48 @@ void run(const at::Tensor& x, at::Tensor& y, const std::vector<Group>& groups, i
 }  // namespace
 
 void lora_add_(at::Tensor& y, const at::Tensor& x, const c10::List<std::optional<at::Tensor>>& rows,
-               const c10::List<at::Tensor>& a_t, const c10::List<at::Tensor>& bt) {
+               const c10::List<at::Tensor>& a, const c10::List<at::Tensor>& b, const c10::List<at::Tensor>& tiles) {
     TORCH_CHECK(x.dim() == 2 && y.dim() == 2 && x.size(0) == y.size(0) && x.is_contiguous() && y.is_contiguous(),
                 "lora_add_: x [T, K] and y [T, N], contiguous");
     TORCH_CHECK(x.scalar_type() == y.scalar_type() &&
-                    (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
-                "lora_add_: x and y both float32 or both bfloat16");
-    TORCH_CHECK(rows.size() == a_t.size() && a_t.size() == bt.size(), "lora_add_: rows, a_t and bt per group");
+                    (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 ||
+                     x.scalar_type() == at::kHalf),
+                "lora_add_: x and y of one dtype: float32, bfloat16 or float16");
+    TORCH_CHECK(rows.size() == a.size() && a.size() == b.size() && b.size() == tiles.size(),
+                "lora_add_: rows, a, b and tiles per group");
     const int64_t tokens = x.size(0), k = x.size(1), n_out = y.size(1);
     std::vector<Group> groups;
     std::vector<at::Tensor> keep;
     std::vector<char> taken(tokens, 0);  // each row in one group at most: its output has one writer
     int64_t total = 0, max_r = 0;
-    for (size_t gi = 0; gi < a_t.size(); ++gi) {
-        const at::Tensor ag = a_t.get(gi), bg = bt.get(gi);
+    for (size_t gi = 0; gi < a.size(); ++gi) {
+        const at::Tensor ag = a.get(gi), bg = b.get(gi), tg = tiles.get(gi);
         TORCH_CHECK(ag.scalar_type() == at::kFloat && bg.scalar_type() == at::kFloat && ag.is_contiguous() &&
-                        bg.is_contiguous() && ag.dim() == 2 && bg.dim() == 2 && ag.size(0) == k &&
-                        bg.size(0) == ag.size(1) && bg.size(1) == n_out,
-                    "lora_add_: a_t [K, r] and bt [r, N] contiguous float32 per group");
-        Group g{nullptr, tokens, ag.size(1), ag.data_ptr<float>(), bg.data_ptr<float>()};
+                        bg.is_contiguous() && ag.dim() == 3 && ag.size(1) == k && ag.size(2) == 8 &&
+                        bg.dim() == 1 && tg.scalar_type() == at::kLong && tg.is_contiguous() && tg.dim() == 2 &&
+                        tg.size(1) == 5,
+                    "lora_add_: packed weights a [R/8, K, 8] and b float32, tiles [Nt, 5] int64 (CpuOps.lora_pack)");
+        const int64_t r = ag.size(0) * 8;
+        const int64_t* td = tg.data_ptr<int64_t>();
+        for (int64_t t = 0; t < tg.size(0); ++t) {  // every tile inside y, b and the rank: no read or write outside
+            const int64_t* d = td + t * 5;
+            TORCH_CHECK(d[0] >= 0 && d[2] >= 0 && d[0] + d[2] * 8 <= bg.numel() && d[1] >= 0 && d[1] + d[2] <= r &&
+                            d[4] >= 1 && d[4] <= 8 && d[3] >= 0 && d[3] + d[4] <= n_out,
+                        "lora_add_: tile ", t, " reaches outside b, the rank or y's ", n_out, " columns");
+        }
+        Group g{nullptr, tokens, r, ag.data_ptr<float>(), bg.data_ptr<float>(), td, tg.size(0)};
         const std::optional<at::Tensor> rg = rows.get(gi);
         if (rg.has_value() && rg->defined()) {
-            const at::Tensor r = rg->to(at::kLong).contiguous();
-            TORCH_CHECK(r.dim() == 1, "lora_add_: rows must be [n]");
-            const int64_t* rp = r.data_ptr<int64_t>();
-            for (int64_t i = 0; i < r.numel(); ++i) {
+            const at::Tensor rr = rg->to(at::kLong).contiguous();
+            TORCH_CHECK(rr.dim() == 1, "lora_add_: rows must be [n]");
+            const int64_t* rp = rr.data_ptr<int64_t>();
+            for (int64_t i = 0; i < rr.numel(); ++i) {
                 TORCH_CHECK(rp[i] >= 0 && rp[i] < tokens, "lora_add_: row ", rp[i], " outside [0, ", tokens, ")");
                 TORCH_CHECK(!taken[rp[i]]++, "lora_add_: row ", rp[i], " in two groups");
             }
             g.rows = rp;
-            g.n = r.numel();
-            keep.push_back(r);
+            g.n = rr.numel();
+            keep.push_back(rr);
         } else {
             for (int64_t t = 0; t < tokens; ++t) TORCH_CHECK(!taken[t]++, "lora_add_: row ", t, " in two groups");
         }
@@ -158,8 +193,10 @@ void lora_add_(at::Tensor& y, const at::Tensor& x, const c10::List<std::optional
     if (total == 0) return;
     if (x.scalar_type() == at::kFloat) {
         run<float>(x, y, groups, max_r);
-    } else {
+    } else if (x.scalar_type() == at::kBFloat16) {
         run<c10::BFloat16>(x, y, groups, max_r);
+    } else {
+        run<c10::Half>(x, y, groups, max_r);
     }
 }
 

@@ -224,7 +224,7 @@ at::Tensor exponential_race(const at::Tensor& probs, const at::Tensor& seeds, co
 // else one paged_attention row per token (block_table / kv_lens per row). piece_rows > 0: the rows go through
 // everything but the attention in pieces of that many (row-independent kernels only); 0: all at once.
 // lora_*: the step's LoRA adapter groups (empty: none), their rows and per (layer, linear, group) the adapter's
-// a_t and bt (decoder_layers.cc, LoRADeltas).
+// packed a, b and tiles (decoder_layers.cc, LoRADeltas).
 // The names of a layer's weight slots and of its linear layers, in the order decoder_layers reads them.
 std::vector<std::string> decoder_layer_slots();
 std::vector<std::string> decoder_layer_linears();
@@ -237,9 +237,10 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
     const c10::List<at::Tensor>& lora_rows, const c10::List<std::optional<at::Tensor>>& lora_weights);
 
 // --- LoRA deltas (lora_add.cc) ------------------------------------------------------------------------------
-// For each group g: y[t] += (x[t] @ a_t[g]) @ bt[g] for t in rows[g] (None: every row), a_t [K, r] and bt [r, N]
-// float32; x and y [T, K] / [T, N] both float32 or both bfloat16, y rounded once. A row in two groups is refused.
+// For each group g: y[t] += (x[t] @ A^T) @ (B * scale)^T for t in rows[g] (None: every row), the adapter's weights
+// packed in tiles of 8 columns (a, b, tiles: lora_add.cc, CpuOps.lora_pack); x and y [T, K] / [T, N] of one dtype
+// (float32, bfloat16, float16), y rounded once. A row in two groups is refused.
 void lora_add_(at::Tensor& y, const at::Tensor& x, const c10::List<std::optional<at::Tensor>>& rows,
-               const c10::List<at::Tensor>& a_t, const c10::List<at::Tensor>& bt);
+               const c10::List<at::Tensor>& a, const c10::List<at::Tensor>& b, const c10::List<at::Tensor>& tiles);
 
 }  // namespace rtp_llm

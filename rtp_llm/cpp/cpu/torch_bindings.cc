@@ -63,7 +63,7 @@ TORCH_LIBRARY(rtp_llm, m) {
           "Tensor slots, Tensor block_table, Tensor kv_lens, Tensor? q_starts, int num_heads, int num_kv_heads, "
           "float eps, float scale, bool gated_mlp, int piece_rows, Tensor[] lora_rows, Tensor?[] lora_weights) "
           "-> (Tensor, Tensor)");
-    m.def("lora_add_(Tensor(a!) y, Tensor x, Tensor?[] rows, Tensor[] a_t, Tensor[] bt) -> ()");
+    m.def("lora_add_(Tensor(a!) y, Tensor x, Tensor?[] rows, Tensor[] a, Tensor[] b, Tensor[] tiles) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(rtp_llm, CPU, m) {

@@ -30,13 +30,16 @@ def _slot(layer, name: str):
     return part.bias if field == "bias" else getattr(part.kernel, field)
 
 
-def _gated_columns(bt: torch.Tensor) -> torch.Tensor:
-    """A gate_up adapter's bt [r, 2 I] in gated panels' column order (per block of 24: gate, then up; zero padding),
-    so that its deltas add to the gated GEMM's output before silu_and_mul_gated."""
-    r, inter = bt.shape[0], bt.shape[1] // 2
-    blocks = (inter + 23) // 24
-    halves = torch.nn.functional.pad(bt.view(r, 2, inter), (0, blocks * 24 - inter))
-    return halves.view(r, 2, blocks, 24).transpose(1, 2).reshape(r, blocks * 48).contiguous()
+def _gated_tiles(tiles: torch.Tensor, inter: int) -> torch.Tensor:
+    """A gate_up adapter's packed tiles (CpuOps.lora_pack) with their y columns in gated panels' order (per block of
+    24: gate, then up), so that its deltas add to the gated GEMM's output before silu_and_mul_gated. A tile starts
+    8k columns into gate or up and holds at most 8, so it stays inside one block of 24."""
+    col = tiles[:, 3]
+    up = col >= inter
+    c = col - up * inter
+    out = tiles.clone()
+    out[:, 3] = (c // 24) * 48 + up * 24 + c % 24
+    return out
 
 
 def _rows_independent(kernel) -> bool:
@@ -96,8 +99,8 @@ class FusedDecoderLayers:
             rows, lora_w)
 
     def _lora_args(self, ctx) -> list:
-        """Each (layer, linear, group)'s adapter a_t and bt (None, None where it has none): made again only when the
-        groups' slots or the installed adapters change."""
+        """Each (layer, linear, group)'s packed adapter weights (None, None, None where it has none): made again only
+        when the groups' slots or the installed adapters change."""
         key = (tuple(slot for slot, _ in ctx.groups), ctx.installs)
         if key != self._lora[0]:
             weights = []
@@ -105,9 +108,9 @@ class FusedDecoderLayers:
                 for name in self.linear_names:
                     adapters = layer.part(name).lora
                     for slot, _ in ctx.groups:
-                        pair = adapters.slots.get(slot) if adapters is not None else None
-                        if pair is not None and name == "gate_up" and self.gated:
-                            pair = (pair[0], _gated_columns(pair[1]))
-                        weights += list(pair) if pair is not None else [None, None]
+                        packed = adapters.slots.get(slot) if adapters is not None else None
+                        if packed is not None and name == "gate_up" and self.gated:
+                            packed = (*packed[:2], _gated_tiles(packed[2], adapters.out_features // 2))
+                        weights += list(packed) if packed is not None else [None, None, None]
             self._lora = (key, weights)
         return self._lora[1]

@@ -134,12 +134,33 @@ class CpuOps(TorchOps):
             return down(gate_up.kernel.silu(h, gate_up.bias))
         return super().mlp(h, gate_up, down)
 
+    def lora_pack(self, a_t, bt, segments=None):
+        """lora_add_'s tiles (lora_add.cc): a [ceil(r / 8), K, 8]; per segment (a fused module) its output columns in
+        tiles of 8, each holding the segment's rank rows only ([rows, 8] in b, zero past the last column); tiles
+        [Nt, 5] = (offset in b, first rank row, rank rows, y column, width)."""
+        k, r = a_t.shape
+        rt = (r + 7) // 8
+        a = torch.nn.functional.pad(a_t.float(), (0, rt * 8 - r)).view(k, rt, 8).transpose(0, 1).contiguous()
+        chunks, tiles, offset = [], [], 0
+        for r0, r1, c0, c1 in segments or [(0, r, 0, bt.shape[1])]:
+            n = -(-(c1 - c0) // 8)
+            block = torch.nn.functional.pad(bt[r0:r1, c0:c1].float(), (0, n * 8 - (c1 - c0)))
+            chunks.append(block.view(r1 - r0, n, 8).transpose(0, 1).reshape(-1))
+            cols = torch.arange(c0, c1, 8)
+            tiles.append(torch.stack([offset + torch.arange(n) * (r1 - r0) * 8, torch.full((n,), r0),
+                                      torch.full((n,), r1 - r0), cols, (c1 - cols).clamp(max=8)], 1))
+            offset += n * (r1 - r0) * 8
+        return (a, torch.cat(chunks).contiguous(), torch.cat(tiles).to(torch.long).contiguous())
+
     def lora_add(self, x, y, groups):
         x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
-        if x2.dtype != y2.dtype or x2.dtype not in self.FUSED_DTYPES or not y2.is_contiguous():
-            return super().lora_add(x, y, groups)
-        self.kernels.lora_add_(y2, x2.contiguous(), [g[0] for g in groups], [g[1] for g in groups],
-                               [g[2] for g in groups])
+        if x2.dtype != y2.dtype:
+            raise ValueError(f"lora_add: x is {x2.dtype} and y {y2.dtype}; one dtype expected")
+        out = y2 if y2.is_contiguous() else y2.contiguous()
+        self.kernels.lora_add_(out, x2.contiguous(), [g[0] for g in groups], [g[1] for g in groups],
+                               [g[2] for g in groups], [g[3] for g in groups])
+        if out is not y2:
+            y2.copy_(out)
 
     def top_k_top_p(self, logits, k, p):
         if k is None and p is None:

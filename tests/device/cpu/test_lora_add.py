@@ -1,6 +1,7 @@
-"""The CPU LoRA kernel (rtp_llm/cpp/cpu/lora_add.cc, CpuOps.lora_add) against float64 arithmetic written out here:
-y[rows] += (x[rows] @ a_t) @ bt, several adapter groups in one call, float32 and bfloat16; a row's bits do not depend
-on its group or the other groups; bad calls are refused by name."""
+"""The CPU LoRA kernel (rtp_llm/cpp/cpu/lora_add.cc, CpuOps.lora_pack + lora_add) against float64 arithmetic
+written out here: y[rows] += (x[rows] @ a_t) @ bt, several adapter groups in one call, float32, bfloat16 and float16;
+fused modules packed as segments (their zero blocks neither stored nor read) give the dense product; a row's bits do
+not depend on its group or the other groups; bad calls are refused by name."""
 
 import pytest
 import torch
@@ -26,39 +27,75 @@ def _expected(x, y, groups):
     return want
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def _packed(groups, segments=None):
+    return [(rows, *OPS.lora_pack(a_t, bt, segments)) for rows, a_t, bt in groups]
+
+
+def _assert_close(got, want, dtype):
+    if dtype == torch.float32:
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    else:  # one rounding of the float32 sum to 16 bits: within one step of the exact value
+        step = 2 ** -8 if dtype == torch.bfloat16 else 2 ** -11
+        assert ((got.double() - want).abs() <= want.abs() * step + 1e-2).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_groups_add_their_deltas_to_their_rows_only(dtype):
     x, y, (w0, w1, w2) = _case()
     x, y = x.to(dtype), y.to(dtype)
     groups = [(torch.tensor([0, 5, 6]), *w0), (torch.tensor([12, 1]), *w1), (torch.tensor([3, 4, 7, 8, 9]), *w2)]
     got = y.clone()
-    OPS.lora_add(x, got, groups)
-    want = _expected(x, y, groups)
+    OPS.lora_add(x, got, _packed(groups))
     untouched = [2, 10, 11]
     assert torch.equal(got[untouched], y[untouched])
-    if dtype == torch.float32:
-        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
-    else:  # one rounding of the float32 sum to bf16: within one bf16 step of the exact value
-        assert ((got.double() - want).abs() <= want.abs() * 2 ** -8 + 1e-2).all()
+    _assert_close(got, _expected(x, y, groups), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_modules_packed_as_segments_give_the_dense_product(dtype):
+    """A qkv-like adapter: three modules' rank rows and output columns (widths not multiples of 8, one module of
+    rank 1) with zeros between them in the joined bt; packed by segments, tiles hold only their module's rows."""
+    x, y, _ = _case(tokens=11, n=211)
+    x, y = x.to(dtype), y.to(dtype)
+    g = torch.Generator().manual_seed(4)
+    segments = [(0, 8, 0, 100), (8, 9, 100, 157), (9, 13, 157, 211)]
+    a_t = torch.randn(70, 13, generator=g) / 8
+    bt = torch.zeros(13, 211)
+    for r0, r1, c0, c1 in segments:
+        bt[r0:r1, c0:c1] = torch.randn(r1 - r0, c1 - c0, generator=g) / 8
+    a, b, tiles = OPS.lora_pack(a_t, bt, segments)
+    assert b.numel() == sum((r1 - r0) * -(-(c1 - c0) // 8) * 8 for r0, r1, c0, c1 in segments)  # no zero block kept
+    got = y.clone()
+    OPS.lora_add(x, got, [(None, a, b, tiles)])
+    _assert_close(got, _expected(x, y, [(None, a_t, bt)]), dtype)
+    dense = y.clone()  # the same adapter packed whole (one segment): the same sums, zeros skipped or not
+    OPS.lora_add(x, dense, _packed([(None, a_t, bt)]))
+    _assert_close(dense, _expected(x, y, [(None, a_t, bt)]), dtype)
 
 
 def test_every_row_alone_is_the_same_bits_as_in_a_step():
     x, y, (w0, w1, w2) = _case(tokens=40)
-    groups = [(torch.arange(0, 40, 3), *w0), (torch.arange(1, 40, 3), *w1), (torch.arange(2, 40, 3), *w2)]
+    groups = _packed([(torch.arange(0, 40, 3), *w0), (torch.arange(1, 40, 3), *w1), (torch.arange(2, 40, 3), *w2)])
     together = y.clone()
     OPS.lora_add(x, together, groups)
-    for rows, a, bt in groups:
+    for rows, *packed in groups:
         for r in rows.tolist():
             alone = y[r:r + 1].clone()
-            OPS.lora_add(x[r:r + 1], alone, [(None, a, bt)])
+            OPS.lora_add(x[r:r + 1], alone, [(None, *packed)])
             assert torch.equal(alone[0], together[r]), r
 
 
 def test_bad_calls_are_refused_by_name():
     x, y, (w0, w1, _) = _case()
+    p0, p1 = OPS.lora_pack(*w0), OPS.lora_pack(*w1)
     with pytest.raises(RuntimeError, match="in two groups"):
-        OPS.kernels.lora_add_(y, x, [torch.tensor([1, 2]), torch.tensor([2])], [w0[0], w1[0]], [w0[1], w1[1]])
+        OPS.kernels.lora_add_(y, x, [torch.tensor([1, 2]), torch.tensor([2])], [p0[0], p1[0]], [p0[1], p1[1]],
+                              [p0[2], p1[2]])
     with pytest.raises(RuntimeError, match="outside"):
-        OPS.kernels.lora_add_(y, x, [torch.tensor([13])], [w0[0]], [w0[1]])
-    with pytest.raises(RuntimeError, match="a_t \\[K, r\\] and bt \\[r, N\\]"):
-        OPS.kernels.lora_add_(y, x, [None], [w0[0]], [w1[1]])
+        OPS.kernels.lora_add_(y, x, [torch.tensor([13])], [p0[0]], [p0[1]], [p0[2]])
+    with pytest.raises(RuntimeError, match="packed weights"):
+        OPS.kernels.lora_add_(y, x, [None], [w0[0]], [p0[1]], [p0[2]])  # a_t as it was before packing
+    wide = p0[2].clone()
+    wide[-1, 3] = y.shape[1] - 1  # the last tile (2 columns) one column past y's end
+    with pytest.raises(RuntimeError, match="tile .* reaches outside"):
+        OPS.kernels.lora_add_(y, x, [None], [p0[0]], [p0[1]], [wide])
