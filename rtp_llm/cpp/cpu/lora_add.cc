@@ -14,6 +14,7 @@
 // step's few blocks split by tiles across threads). Each output element is one thread's, computed in an order fixed
 // by the element (float32 fused multiply-adds, k ascending, then the rank ascending, added to y once), so a row's
 // bits do not depend on its group, the step or the thread: the Python layers and decoder_layers call this kernel.
+// On AVX-512 CPUs two tiles go in one 16-lane register (rows_block_avx512), lane for lane the same bits.
 #include <ATen/ATen.h>
 #include <immintrin.h>
 
@@ -21,7 +22,11 @@
 #include <vector>
 
 #include "rtp_llm/cpp/cpu/ops.h"
+#include "rtp_llm/cpp/cpu/cpu_features.h"
 #include "rtp_llm/cpp/cpu/vec/avx2.h"
+#if defined(__x86_64__) && defined(__GNUC__)
+#include "rtp_llm/cpp/cpu/vec/avx512.h"
+#endif
 #include "rtp_llm/cpp/cpu/work_pool.h"
 
 namespace rtp_llm {
@@ -84,6 +89,90 @@ void rows_block(const Group& g, const T* const* xr, T* const* yr, int64_t k, int
     }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+// The same block on AVX-512 (cpu_avx512()): two rank tiles of the shrink, and two output tiles of the expand that
+// share their rank rows and sit side by side in y, in one 16-lane register. Lanes are independent, so every
+// element gets the fused multiply-adds of rows_block in the same order: the same bits.
+template <int Q, typename T>
+RTP_AVX512 void rows_block_avx512(const Group& g, const T* const* xr, T* const* yr, int64_t k, int64_t t0,
+                                  int64_t t1, float* xf, float* mid) {
+    for (int q = 0; q < Q; ++q)
+        for (int64_t c = 0; c < k; ++c) xf[q * k + c] = static_cast<float>(xr[q][c]);
+    const int64_t rt = (g.r + 7) / 8;
+    int64_t jt = 0;
+    for (; jt + 1 < rt; jt += 2) {
+        const float* lo = g.a + jt * k * 8;
+        const float* hi = lo + k * 8;
+        __m512 acc[Q];
+        for (int q = 0; q < Q; ++q) acc[q] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < k; ++c) {
+            const __m512 w = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(lo + c * 8)),
+                                                _mm256_loadu_ps(hi + c * 8), 1);
+            for (int q = 0; q < Q; ++q) acc[q] = _mm512_fmadd_ps(_mm512_set1_ps(xf[q * k + c]), w, acc[q]);
+        }
+        for (int q = 0; q < Q; ++q) _mm512_storeu_ps(mid + q * rt * 8 + jt * 8, acc[q]);
+    }
+    if (jt < rt) {  // an odd last rank tile
+        const float* at = g.a + jt * k * 8;
+        __m256 acc[Q];
+        for (int q = 0; q < Q; ++q) acc[q] = _mm256_setzero_ps();
+        for (int64_t c = 0; c < k; ++c) {
+            const __m256 w = _mm256_loadu_ps(at + c * 8);
+            for (int q = 0; q < Q; ++q) acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(xf[q * k + c]), w, acc[q]);
+        }
+        for (int q = 0; q < Q; ++q) _mm256_storeu_ps(mid + q * rt * 8 + jt * 8, acc[q]);
+    }
+    alignas(64) float tmp[16];
+    alignas(32) T out[8];
+    for (int64_t t = t0; t < t1;) {
+        const int64_t* d = g.tiles + t * 5;
+        const int64_t* e = d + 5;
+        const bool pair = t + 1 < t1 && d[4] == 8 && e[1] == d[1] && e[2] == d[2] && e[3] == d[3] + 8;
+        const float* b0 = g.b + d[0];
+        const float* b1 = pair ? g.b + e[0] : b0;
+        const int64_t j0 = d[1], nj = d[2], col = d[3], width = pair ? 8 + e[4] : d[4];
+        __m512 acc[Q];
+        for (int q = 0; q < Q; ++q) acc[q] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < nj; ++j) {
+            const __m512 w = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(b0 + j * 8)),
+                                                _mm256_loadu_ps(b1 + j * 8), 1);
+            for (int q = 0; q < Q; ++q)
+                acc[q] = _mm512_fmadd_ps(_mm512_set1_ps(mid[q * rt * 8 + j0 + j]), w, acc[q]);
+        }
+        for (int q = 0; q < Q; ++q) {
+            T* yq = yr[q] + col;
+            _mm512_store_ps(tmp, acc[q]);
+            for (int64_t h = 0; h < width; h += 8) {
+                if (width - h >= 8) {
+                    vec::store8(yq + h, _mm256_add_ps(vec::load8(yq + h), _mm256_load_ps(tmp + h)));
+                } else {
+                    for (int64_t c = h; c < width; ++c) out[c - h] = vec::to<T>(static_cast<float>(yq[c]) + tmp[c]);
+                    std::copy(out, out + (width - h), yq + h);
+                }
+            }
+        }
+        t += pair ? 2 : 1;
+    }
+}
+#endif
+
+template <typename T>
+void block_avx512(int64_t count, const Group& g, const T* const* xr, T* const* yr, int64_t k, int64_t t0,
+                  int64_t t1, float* xf, float* mid) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    switch (count) {
+        case 1: rows_block_avx512<1>(g, xr, yr, k, t0, t1, xf, mid); break;
+        case 2: rows_block_avx512<2>(g, xr, yr, k, t0, t1, xf, mid); break;
+        case 3: rows_block_avx512<3>(g, xr, yr, k, t0, t1, xf, mid); break;
+        case 4: rows_block_avx512<4>(g, xr, yr, k, t0, t1, xf, mid); break;
+        case 5: rows_block_avx512<5>(g, xr, yr, k, t0, t1, xf, mid); break;
+        case 6: rows_block_avx512<6>(g, xr, yr, k, t0, t1, xf, mid); break;
+        case 7: rows_block_avx512<7>(g, xr, yr, k, t0, t1, xf, mid); break;
+        default: rows_block_avx512<8>(g, xr, yr, k, t0, t1, xf, mid); break;
+    }
+#endif
+}
+
 template <typename T>
 void run(const at::Tensor& x, at::Tensor& y, const std::vector<Group>& groups, int64_t max_r) {
     const int64_t k = x.size(1), n_out = y.size(1);
@@ -107,6 +196,7 @@ void run(const at::Tensor& x, at::Tensor& y, const std::vector<Group>& groups, i
     // the weights an item reads: what makes a call worth more than one thread (the work is memory-bound)
     const int64_t item_bytes = std::max<int64_t>(1, max_r * (k + 8 * max_tiles / parts) * 4);
     const int64_t rt_max = (max_r + 7) / 8;
+    const bool avx512 = cpu_avx512();
     parallel_for(0, static_cast<int64_t>(blocks.size()) * parts, (kMinBytes + item_bytes - 1) / item_bytes,
                  [&](int64_t b, int64_t e) {
         std::vector<float> xf(kRows * k), mid(kRows * rt_max * 8);
@@ -124,6 +214,10 @@ void run(const at::Tensor& x, at::Tensor& y, const std::vector<Group>& groups, i
             }
             float* xb = xf.data();
             float* m = mid.data();
+            if (avx512) {
+                block_avx512<T>(blk.count, g, xr, yr, k, t0, t1, xb, m);
+                continue;
+            }
             switch (blk.count) {
                 case 1: rows_block<1>(g, xr, yr, k, t0, t1, xb, m); break;
                 case 2: rows_block<2>(g, xr, yr, k, t0, t1, xb, m); break;

@@ -99,3 +99,49 @@ def test_bad_calls_are_refused_by_name():
     wide[-1, 3] = y.shape[1] - 1  # the last tile (2 columns) one column past y's end
     with pytest.raises(RuntimeError, match="tile .* reaches outside"):
         OPS.kernels.lora_add_(y, x, [None], [p0[0]], [p0[1]], [wide])
+
+
+def lora_bits(path: str) -> None:
+    """Deltas of several shapes (segments of widths not multiples of 8, gate_up's tiles remapped to gated panels'
+    columns, groups of 1 to 11 rows, float32 and bfloat16) written to `path`; run once per instruction set."""
+    from rtp_llm.device.cpu.fused_layers import _gated_tiles
+
+    g = torch.Generator().manual_seed(9)
+    outs = []
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(24, 70, generator=g).to(dtype)
+        for segments, n in (([(0, 8, 0, 100), (8, 9, 100, 157), (9, 13, 157, 211)], 211),
+                            ([(0, 16, 0, 48), (16, 32, 48, 96)], 96), ([(0, 24, 0, 40)], 40)):
+            r = segments[-1][1]
+            a_t = torch.randn(70, r, generator=g) / 8
+            bt = torch.randn(r, n, generator=g) / 8
+            a, b, tiles = OPS.lora_pack(a_t, bt, segments)
+            for t in (tiles, _gated_tiles(tiles, n // 2) if len(segments) == 2 else None):
+                if t is None:
+                    continue
+                width = int((t[:, 3] + t[:, 4]).max())
+                y = torch.randn(24, width, generator=g).to(dtype)
+                rows = [torch.tensor([0]), torch.arange(1, 12), torch.arange(12, 15)]
+                OPS.lora_add(x, y, [(rw, a, b, t) for rw in rows])
+                outs.append(y)
+    torch.save(outs, path)
+
+
+def test_the_avx2_and_avx512_kernels_give_the_same_bits(tmp_path):
+    """Lanes are independent: the AVX-512 kernel (16 lanes, tiles paired) and the AVX2 one (RTP_LLM_CPU_NO_AVX512=1,
+    what CPUs without AVX-512 run) give every element the same multiply-adds in the same order. On a CPU without
+    AVX-512 both processes run the AVX2 kernel."""
+    import os
+    import subprocess
+    import sys
+
+    lora_bits(str(tmp_path / "here.pt"))
+    env = dict(os.environ, RTP_LLM_CPU_NO_AVX512="1", PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, "-c", "import sys; from tests.device.cpu.test_lora_add import lora_bits; "
+                           "lora_bits(sys.argv[1])", str(tmp_path / "avx2.pt")], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    here, avx2 = torch.load(tmp_path / "here.pt"), torch.load(tmp_path / "avx2.pt")
+    assert len(here) == len(avx2) == 8
+    for a, b in zip(here, avx2):
+        assert torch.equal(a, b)
