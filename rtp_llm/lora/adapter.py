@@ -41,12 +41,11 @@ class LoRARequest:
 class LoRAAdapter:
     request: LoRARequest
     rank: int
-    # (layer, module) -> (A [r, in], B [out, r], scale), float32
+    # (layer, module) -> (A [r, in], B [out, r], scale), float32, as read
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor, float]] = field(default_factory=dict)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.numel() * 4 + b.numel() * 4 for a, b, _ in self.weights.values())
+    # per layer, fused linear -> its weights as the device's lora_pack made them (LoRAManager, which then drops
+    # `weights`)
+    packed: list = field(default_factory=list)
 
     @classmethod
     def load(cls, request: LoRARequest, model_config, max_rank: int) -> "LoRAAdapter":

@@ -40,13 +40,12 @@ class LinearLoRA:
     def active(self) -> bool:
         return self.ctx.active
 
-    def install(self, slot: int, parts: list[Optional[tuple[torch.Tensor, torch.Tensor, float]]], device) -> None:
-        """parts[i]: the adapter's (A, B, scale) for fused module i, or None where it has none."""
+    def pack(self, parts: list[Optional[tuple[torch.Tensor, torch.Tensor, float]]]) -> Optional[tuple]:
+        """An adapter's weights on this layer as the device's lora_add takes them (on the host; None: no module of
+        it adapted). parts[i]: the adapter's (A, B, scale) for fused module i, or None where it has none."""
         given = [(self.offsets[i], a, b, scale) for i, p in enumerate(parts) if p is not None for a, b, scale in [p]]
-        self.ctx.installs += 1
         if not given:
-            self.slots.pop(slot, None)
-            return
+            return None
         a_all = torch.cat([a for _, a, _, _ in given]).float().contiguous()
         bt_all = torch.zeros(a_all.shape[0], self.out_features, dtype=torch.float32)
         row, segments = 0, []
@@ -54,8 +53,14 @@ class LinearLoRA:
             bt_all[row:row + a.shape[0], start:start + b.shape[0]] = (b.float() * scale).t()
             segments.append((row, row + a.shape[0], start, start + b.shape[0]))
             row += a.shape[0]
-        packed = self.ops.lora_pack(a_all.t().contiguous(), bt_all, segments)
-        self.slots[slot] = tuple(t.to(device) for t in packed)
+        return self.ops.lora_pack(a_all.t().contiguous(), bt_all, segments)
+
+    def install(self, slot: int, packed: Optional[tuple], device) -> None:
+        self.ctx.installs += 1
+        if packed is None:
+            self.slots.pop(slot, None)
+        else:
+            self.slots[slot] = tuple(t.to(device) for t in packed)
 
     def remove(self, slot: int) -> None:
         self.ctx.installs += 1

@@ -130,6 +130,10 @@ class LoRAManager:
         adapter = self.host.get(request.lora_int_id)
         if adapter is None:
             adapter = LoRAAdapter.load(request, self.cfg, self.max_lora_rank)
+            # packed once for every layer (this rank's shard): making an adapter resident only places it
+            adapter.packed = [{fused: per[fused].pack([self._shard(i, m, adapter.weights.get((i, m))) for m in mods])
+                               for fused, mods in _FUSED.items()} for i, per in enumerate(self.layers)]
+            adapter.weights = {}  # the packed copy is the one kept
             self.host[request.lora_int_id] = adapter
             while len(self.host) > self.max_cpu_loras:  # the least recently used, never a resident or this one
                 victim = next((i for i in self.host if i not in self.slots and i != request.lora_int_id), None)
@@ -165,9 +169,9 @@ class LoRAManager:
             _, slot = self.slots.popitem(last=False)
         else:
             slot = len(self.slots)
-        for i, per in enumerate(self.layers):
-            for fused, mods in _FUSED.items():
-                per[fused].install(slot, [self._shard(i, m, adapter.weights.get((i, m))) for m in mods], self.device)
+        for per, packed in zip(self.layers, adapter.packed):
+            for fused in _FUSED:
+                per[fused].install(slot, packed[fused], self.device)
         self.slots[lora_id] = slot
         return slot
 
