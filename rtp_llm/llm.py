@@ -99,7 +99,10 @@ class LLM:
             for r in requests:
                 self.core.add_request(r)
             while len(done) < len(ids):
-                for delta in self.core.step():
+                deltas = self.core.step()
+                if self.core.rejected:  # refused after add_request (an adapter that failed to load)
+                    raise self.core.rejected.pop(0)[1]
+                for delta in deltas:
                     out = collector.add(delta)
                     if out.finished and out.request_id in wanted and out.request_id not in done:
                         if out.error is not None and out.pooled is None and requests[0].pooling is not None:

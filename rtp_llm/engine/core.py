@@ -12,8 +12,6 @@ runs it on a thread or in the engine process).
 from __future__ import annotations
 
 import itertools
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
-from concurrent.futures import wait as futures_wait
 import logging
 import random
 import time
@@ -22,6 +20,7 @@ from typing import Optional
 from rtp_llm.cache import kv_cache_blocks
 from rtp_llm.config.engine_config import EngineConfig
 from rtp_llm.device import get_device
+from rtp_llm.engine.admissions import GRAMMAR, LORA, Admissions
 from rtp_llm.engine.detokenizer import IncrementalDetokenizer
 from rtp_llm.engine.input_processor import InputProcessor
 from rtp_llm.engine.model_runner import ModelRunner, RunnerOutput
@@ -129,8 +128,8 @@ class EngineCore:
         self._rng = random.Random(config.seed)
         self._seq_ids = itertools.count(1)
         self._pending: list[OutputDelta] = []  # outputs of aborts and timeouts, sent with the next step's
-        self._compiling: dict[str, Future] = {}  # request id -> its grammar's compilation
-        self._grammar_pool: Optional[ThreadPoolExecutor] = None
+        self.admissions = Admissions()  # requests waiting for their grammar or LoRA adapter
+        self.rejected: list[tuple[str, Exception]] = []  # requests refused after add_request (a failed adapter load)
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0, "steps": 0}
         log.info("KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB%s); max concurrency at max_model_len=%d: "
                  "%.1f", num_blocks - 1, self.block_size, capacity, self.runner.kv.nbytes / _GiB,
@@ -157,9 +156,9 @@ class EngineCore:
         runtime, self.tp_runtime = getattr(self, "tp_runtime", None), None
         if runtime is not None:
             runtime.close()
-        pool, self._grammar_pool = getattr(self, "_grammar_pool", None), None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        for part in (getattr(self, "admissions", None), getattr(self, "lora", None)):
+            if part is not None:
+                part.close()
         spec, self.speculator = getattr(self, "speculator", None), None
         if spec is not None:
             spec.close()
@@ -199,22 +198,24 @@ class EngineCore:
         for i in range(params.n):
             req.sequences.append(Sequence(next(self._seq_ids), req, i, base_seed + i,
                                           IncrementalDetokenizer(self.tokenizer, params.stop)))
+        waits = []
         if request.lora is not None:  # before the request is registered: a refused adapter leaves nothing behind
             if self.lora is None:
                 raise RequestRejected(f"LoRA adapter {request.lora.lora_name!r}: this engine runs without "
                                       f"--enable_lora", param="model")
-            req.lora_id, req.lora_key = self.lora.admit(request.lora)
+            req.lora_id, req.lora_key, loading = self.lora.admit(request.lora)
+            if loading is not None:  # read on the loader thread meanwhile
+                waits.append((LORA, loading))
         self.requests[rid] = req
         if request.pooling is not None:
             req.pooling, req.pool_wanted = request.pooling, self.runner.pooler.rows_wanted()
         so = params.structured_outputs
-        if so is not None and not self.grammars.cached(so):
-            # A grammar not seen yet is compiled on a worker thread: the loop keeps stepping the others.
-            if self._grammar_pool is None:
-                self._grammar_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar")
-            self._compiling[rid] = self._grammar_pool.submit(self.grammars.check, so)
-            return
-        self._admit(req)
+        if so is not None and not self.grammars.cached(so):  # compiled on a worker thread meanwhile
+            waits.append((GRAMMAR, self.admissions.compile(self.grammars.check, so)))
+        if waits:
+            self.admissions.wait(rid, waits)
+        else:
+            self._admit(req)
 
     def unload_lora(self, name: str) -> None:
         if self.lora is not None:
@@ -228,28 +229,26 @@ class EngineCore:
         for sib in req.sequences[1:]:
             sib.state = SeqState.PENDING_FORK
 
-    def _admit_compiled(self) -> None:
-        """Requests whose grammar finished compiling join the waiting queue (or fail with the compiler's error)."""
-        if not self._compiling:
-            return
-        if not self.scheduler.running and not self.scheduler.waiting:  # nothing else to do: wait a little
-            futures_wait(list(self._compiling.values()), timeout=0.005, return_when=FIRST_COMPLETED)
-        for rid, fut in list(self._compiling.items()):
-            if not fut.done():
-                continue
-            del self._compiling[rid]
+    def _admit_waiting(self) -> None:
+        """Requests whose grammar compiled and whose adapter loaded join the waiting queue; a failed compilation
+        fails its request, a failed adapter load refuses its (none of it ran: RequestRejected, as add_request)."""
+        idle = not self.scheduler.running and not self.scheduler.waiting
+        for rid, failed in self.admissions.ready(idle, self.lora.settle if self.lora is not None else None):
             if rid not in self.requests:
                 continue
-            if fut.exception() is not None:
-                self.abort(rid, FinishReason.ERROR, f"structured outputs: {fut.exception()}")
-            else:
+            if failed is None:
                 self._admit(self.requests[rid])
+            elif failed[0] == LORA:
+                del self.requests[rid]
+                self.rejected.append((rid, RequestRejected(str(failed[1]), param="model")))
+            else:
+                self.abort(rid, FinishReason.ERROR, f"structured outputs: {failed[1]}")
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT, error: Optional[str] = None) -> bool:
         req = self.requests.get(request_id)
         if req is None:
             return False
-        self._compiling.pop(request_id, None)  # its grammar's compilation finishes unheeded
+        self.admissions.discard(request_id)
         for seq in req.sequences:
             if not seq.finished:
                 self._finish(seq, reason)
@@ -264,7 +263,7 @@ class EngineCore:
     # --- the step ----------------------------------------------------------------------------------------------
     def step(self) -> list[OutputDelta]:
         self._expire()
-        self._admit_compiled()
+        self._admit_waiting()
         outputs, self._pending = self._pending, []
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.decoding())

@@ -74,6 +74,9 @@ def serve(core, transport) -> None:
         if core.has_unfinished():
             steps = core.counters["steps"]
             outs = core.step()
+            while core.rejected:  # refused after add_request (an adapter that failed to load): none of it ran
+                rid, exc = core.rejected.pop(0)
+                transport.send(Rejected(rid, picklable(exc)))
             if outs or core.counters["steps"] != steps:
                 transport.send(StepOutputs(outs, core.stats()))
         elif changed:

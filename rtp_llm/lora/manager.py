@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Optional
 
 import torch
@@ -52,7 +53,9 @@ class LoRAManager:
         self.retiring: set[str] = set()  # unloaded while requests still ran with them
         self.loads = 0  # adapters added so far: each load's prefix-cache key (a reused id must not hit the old KV)
         self.cache_keys: dict[int, int] = {}
-        self.told: dict[int, tuple[str, str]] = {}  # tensor parallelism: what the other ranks know of each id
+        self.told: dict[int, tuple[str, str]] = {}
+        self.loading: dict[tuple[int, str], Future] = {}  # (id, path) -> its load on the loader thread
+        self._pool: Optional[ThreadPoolExecutor] = None  # tensor parallelism: what the other ranks know of each id
 
     @classmethod
     def for_engine(cls, config, model, pooling: bool, device) -> Optional["LoRAManager"]:
@@ -73,18 +76,60 @@ class LoRAManager:
         return manager
 
     # --- adapters ----------------------------------------------------------------------------------------------
-    def admit(self, request: LoRARequest) -> tuple[int, int]:
-        """A request's adapter, loaded on first use: its id and prefix-cache key, or RequestRejected naming what is
-        wrong with it (the engine and its other requests go on)."""
+    def admit(self, request: LoRARequest) -> tuple[int, int, Optional[Future]]:
+        """A request's adapter: its id, its prefix-cache key and, when it is not on the host yet, the Future of its
+        load on the loader thread (the step loop goes on meanwhile; the core admits the request once settle() has
+        taken the adapter in, and refuses it if the load failed). A name or id another adapter holds is
+        RequestRejected at once."""
         try:
-            self.add(request)
+            self._check(request)
         except LoRAError as exc:
             raise RequestRejected(str(exc), param="model") from None
-        return request.lora_int_id, self.cache_keys[request.lora_int_id]
+        self._register(request)
+        lora_id, key = request.lora_int_id, (request.lora_int_id, request.lora_path)
+        future = None
+        if lora_id not in self.host:
+            future = self.loading.get(key)
+            if future is None:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="lora-load")
+                future = self.loading[key] = self._pool.submit(self._read, request)
+        return lora_id, self.cache_keys[lora_id], future
+
+    def settle(self) -> None:
+        """Finished loads: each adapter to the host, or (a failed load) its name forgotten."""
+        for (lora_id, path), future in list(self.loading.items()):
+            if not future.done():
+                continue
+            del self.loading[(lora_id, path)]
+            request = next((r for r in self.known.values() if (r.lora_int_id, r.lora_path) == (lora_id, path)), None)
+            if request is None:  # unloaded meanwhile
+                continue
+            if future.exception() is not None:
+                self.remove(request.lora_name)
+            else:
+                self._store(request, future.result())
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def add(self, request: LoRARequest) -> LoRAAdapter:
-        """Loads (and checks) an adapter; LoRAError names what is wrong with it. Re-adding a known name with the
+        """Loads (and checks) an adapter now; LoRAError names what is wrong with it. Re-adding a known name with the
         same id and path is a no-op."""
+        self._check(request)
+        adapter = self._host(request)
+        self._register(request)
+        return adapter
+
+    def _register(self, request: LoRARequest) -> None:
+        if request.lora_name not in self.known:
+            self.loads += 1
+            self.cache_keys[request.lora_int_id] = self.loads
+        self.known[request.lora_name] = request
+
+    def _check(self, request: LoRARequest) -> None:
         old = self.known.get(request.lora_name)
         if old is not None and (old.lora_int_id, old.lora_path) != (request.lora_int_id, request.lora_path):
             raise LoRAError(f"LoRA adapter {request.lora_name!r} is already loaded (from {old.lora_path}); unload it "
@@ -92,12 +137,6 @@ class LoRAManager:
         if any(r.lora_int_id == request.lora_int_id and r.lora_name != request.lora_name
                for r in self.known.values()):
             raise LoRAError(f"lora_int_id {request.lora_int_id} is taken by another adapter")
-        adapter = self._host(request)
-        if request.lora_name not in self.known:
-            self.loads += 1
-            self.cache_keys[request.lora_int_id] = self.loads
-        self.known[request.lora_name] = request
-        return adapter
 
     def retire(self, name: str, in_use: set) -> None:
         """Removes the adapter now, or once no request in `in_use` (lora ids) runs with it (sweep)."""
@@ -128,19 +167,27 @@ class LoRAManager:
 
     def _host(self, request: LoRARequest) -> LoRAAdapter:
         adapter = self.host.get(request.lora_int_id)
-        if adapter is None:
-            adapter = LoRAAdapter.load(request, self.cfg, self.max_lora_rank)
-            # packed once for every layer (this rank's shard): making an adapter resident only places it
-            adapter.packed = [{fused: per[fused].pack([self._shard(i, m, adapter.weights.get((i, m))) for m in mods])
-                               for fused, mods in _FUSED.items()} for i, per in enumerate(self.layers)]
-            adapter.weights = {}  # the packed copy is the one kept
-            self.host[request.lora_int_id] = adapter
-            while len(self.host) > self.max_cpu_loras:  # the least recently used, never a resident or this one
-                victim = next((i for i in self.host if i not in self.slots and i != request.lora_int_id), None)
-                if victim is None:
-                    break
-                del self.host[victim]
+        if adapter is None:  # first use, or evicted from the host since: read now
+            adapter = self._store(request, self._read(request))
         self.host.move_to_end(request.lora_int_id)
+        return adapter
+
+    def _read(self, request: LoRARequest) -> LoRAAdapter:
+        """Reads, checks and packs an adapter (the loader thread or the loop): no state of the manager changes."""
+        adapter = LoRAAdapter.load(request, self.cfg, self.max_lora_rank)
+        # packed once for every layer (this rank's shard): making an adapter resident only places it
+        adapter.packed = [{fused: per[fused].pack([self._shard(i, m, adapter.weights.get((i, m))) for m in mods])
+                           for fused, mods in _FUSED.items()} for i, per in enumerate(self.layers)]
+        adapter.weights = {}  # the packed copy is the one kept
+        return adapter
+
+    def _store(self, request: LoRARequest, adapter: LoRAAdapter) -> LoRAAdapter:
+        self.host[request.lora_int_id] = adapter
+        while len(self.host) > self.max_cpu_loras:  # the least recently used, never a resident or this one
+            victim = next((i for i in self.host if i not in self.slots and i != request.lora_int_id), None)
+            if victim is None:
+                break
+            del self.host[victim]
         return adapter
 
     # --- the step ----------------------------------------------------------------------------------------------

@@ -146,7 +146,8 @@ prefill's rows in one piece or in several."""
     prompts = [PROMPTS[1], PROMPTS[1][::-1] + PROMPTS[0], PROMPTS[1]]  # all over PAGED_MAX_Q: one prefill call
     got = {}
     for fused, pieces in ((True, None), (True, 5), (False, None)):  # 5: a prefill's rows cut into pieces
-        llm = engine(base, max_loras=2, dtype=dtype)
+        # loaded at start: every request is admitted at once (a load on first use would stagger them)
+        llm = engine(base, max_loras=2, dtype=dtype, lora_modules={"a": str(tmp_path / "a"), "b": str(tmp_path / "b")})
         model = llm.core.runner.model
         original = model.fused_layers
         assert original is not None and original.usable
@@ -173,3 +174,46 @@ prefill's rows in one piece or in several."""
         assert adapter_steps and all(adapter_steps) if fused else not any(adapter_steps)
     assert got[True, None] == got[True, 5] == got[False, None]
     assert len({tuple(t) for t, _ in got[False, None]}) == 3  # each adapter changes the answer
+
+
+def test_adapters_load_off_the_step_loop(tmp_path, monkeypatch):
+    """While an adapter is read (held here on the loader thread by a gate), a base request keeps stepping to its end;
+    the adapter's request then runs with it. An adapter whose load fails in the engine (the caller did not check it)
+    refuses its request after the fact, RequestRejected as add_request would have raised, with nothing of it run."""
+    import threading
+
+    from rtp_llm.engine.protocol import EngineRequest
+    from rtp_llm.lora.adapter import LoRAAdapter
+
+    base = tmp_path / "base"
+    make_checkpoint(base, "qwen3_mha_tied")
+    ref = make_adapter(base, tmp_path / "a", 8, seed=8)
+    llm = engine(base)
+    core = llm.core
+    gate = threading.Event()
+    load = LoRAAdapter.load
+
+    def held_load(*args):
+        gate.wait(30)
+        return load(*args)
+
+    monkeypatch.setattr(LoRAAdapter, "load", held_load)
+    core.add_request(EngineRequest("lora", PROMPTS[0], GREEDY, lora=LoRARequest("a", 1, str(tmp_path / "a"))))
+    core.add_request(EngineRequest("base", PROMPTS[1], GREEDY))
+    done, steps = {}, 0
+    while "base" not in done:
+        done.update({d.request_id: d for d in core.step() if d.finished})
+        steps += 1
+        assert steps < 100
+    assert "lora" not in done and core.admissions.waiting  # the base request finished while the adapter loaded
+    gate.set()
+    tokens = []
+    while core.has_unfinished():
+        for d in core.step():
+            tokens += d.samples[0].token_ids if d.request_id == "lora" else []
+    assert tokens == reference(ref, PROMPTS[0], 8)[0]
+    # a path that is no adapter, named offline: refused after add_request, as RequestRejected
+    with pytest.raises(RequestRejected, match="no adapter_config.json"):
+        llm.generate([PROMPTS[0]], GREEDY, use_tqdm=False, lora_request=LoRARequest("bad", 2, str(tmp_path)))
+    assert not core.requests and not core.rejected and core.scheduler.manager.stats().used_blocks == 0
+    assert "bad" not in core.lora.known  # forgotten: the name can be loaded again

@@ -196,7 +196,7 @@ def test_a_grammar_compiles_off_the_step_loop(tiny):
         done.update({o.request_id: o for o in engine.step() if o.finished})
         steps += 1
         assert steps < 100
-    assert "c" not in done and engine.core._compiling  # the free request finished while the grammar compiled
+    assert "c" not in done and engine.core.admissions.waiting  # the free request finished while the grammar compiled
     engine.core.abort("gone")
     gate.set()
     while engine.has_unfinished():

@@ -106,3 +106,20 @@ def test_bad_adapters_are_400s_and_the_base_keeps_serving(setup, body, param, wo
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param and words in r.json()["error"]["message"]
     assert complete(srv, "base").json()["choices"][0]["token_ids"] == want["base"]
+
+
+def test_an_adapter_the_engine_cannot_read_is_a_400_and_the_base_keeps_serving(setup):
+    """Checked when loaded, then removed from disk before its first request: the engine's own read (on its loader
+    thread) fails, and the request is refused after the fact as a 400 naming the problem, not a 5xx."""
+    import shutil
+
+    srv, root, want = setup
+    shutil.copytree(root / "b", root / "fleeting")
+    body = {"lora_name": "fleeting", "lora_path": str(root / "fleeting")}
+    r = httpx.post(srv.url + "/v1/load_lora_adapter", json=body)
+    assert r.status_code == 200, r.text
+    shutil.rmtree(root / "fleeting")
+    gone = complete(srv, "fleeting")
+    assert gone.status_code == 400, gone.text
+    assert "no adapter_config.json" in gone.json()["error"]["message"]
+    assert complete(srv, "base").json()["choices"][0]["token_ids"] == want["base"]
