@@ -1,7 +1,8 @@
 """Speculative decoding against plain decoding of the same model, batch 1, in alternating rounds.
 
     python -m benchmarks.spec_decode [--model PATH] [--dtype float32] [--rounds 3] [--k 4] [--lookup 2,4]
-                                     [--draft PATH [--draft-dtype bfloat16]] [--batch-w]
+                                     [--quantization auto] [--draft PATH [--draft-dtype bfloat16]
+                                     [--draft-quantization auto]] [--batch-w]
                                      [--llamacpp .venv-llamacpp/build/bin [--llamacpp-model F] [--llamacpp-draft F]]
 
 Workloads (chat prompts through the model's template, greedy, up to --max-tokens, natural EOS): input-grounded
@@ -172,6 +173,8 @@ def main() -> None:
     ap.add_argument("--batch-rule", help="comma-separated concurrencies")
     ap.add_argument("--step-rows", help="comma-separated row counts")
     ap.add_argument("--draft-dtype", help="the draft model's dtype (default: --dtype)")
+    ap.add_argument("--quantization", default="auto", help="the target's --quantization (none: a GGUF dequantized)")
+    ap.add_argument("--draft-quantization", help="the draft's (default: the target's)")
     ap.add_argument("--llamacpp", help="llama.cpp's bin directory (benchmarks/peers/setup_llamacpp.sh builds it)")
     ap.add_argument("--llamacpp-model", help="the GGUF llama.cpp runs (default: --model)")
     ap.add_argument("--llamacpp-draft", help="the draft GGUF for llama-speculative")
@@ -189,8 +192,10 @@ def main() -> None:
         configs["draft"] = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.k}
         if args.draft_dtype:
             configs["draft"]["dtype"] = args.draft_dtype
-    common = dict(model=args.model, dtype=args.dtype, max_model_len=4096, enable_prefix_caching=False,
-                  kv_cache_memory_gb=0.5)
+        if args.draft_quantization:
+            configs["draft"]["quantization"] = args.draft_quantization
+    common = dict(model=args.model, dtype=args.dtype, quantization=args.quantization, max_model_len=4096,
+                  enable_prefix_caching=False, kv_cache_memory_gb=0.5)
     llms = {name: LLM(speculative_config=cfg, **common) for name, cfg in configs.items()}
     names = [w for w in args.workloads.split(",") if w]
     prompts = {w: WORKLOADS[w]() for w in names}
