@@ -71,6 +71,13 @@ class LLM:
         return [o.pooled for o in self._run([self.processor.process(f"offline-{next(self._ids)}", p, pooling=pooling)
                                              for p in _many(prompts)], use_tqdm, "Embedding")]
 
+    def classify(self, prompts: Union[Prompt, Sequence[Prompt]], use_tqdm: bool = True) -> list[list[float]]:
+        """vLLM's LLM.classify on a *ForSequenceClassification model: each prompt's label probabilities (the names:
+        the checkpoint's id2label, core.model_config.labels), in the order of the prompts."""
+        pooling = PoolingParams("classify")
+        return [o.pooled for o in self._run([self.processor.process(f"offline-{next(self._ids)}", p, pooling=pooling)
+                                             for p in _many(prompts)], use_tqdm, "Classifying")]
+
     def score(self, first: Union[str, Sequence[str]], second: Union[str, Sequence[str]],
               pooling_params: Optional[PoolingParams] = None, use_tqdm: bool = True) -> list[float]:
         """vLLM's LLM.score on a cross-encoder or reranker: one text against each of a list, or pairs one to one."""

@@ -180,6 +180,7 @@ class ModelConfig:
     head: str = "lm"
     num_labels: int = 0
     classifier_from_token: Optional[list[str]] = None
+    labels: list[str] = field(default_factory=list)  # each label's name (id2label; LABEL_i where it has none)
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -257,6 +258,7 @@ class ModelConfig:
                 head=head,
                 num_labels=num_labels,
                 classifier_from_token=from_token,
+                labels=_labels(cfg.get("id2label") or {}, num_labels),
             )
         except KeyError as exc:
             raise CheckpointError(f"config.json is missing the field {exc.args[0]!r}") from None
@@ -321,3 +323,8 @@ class ModelConfig:
             )
         except KeyError as exc:
             raise CheckpointError(f"GGUF metadata is missing {exc.args[0]!r}") from None
+
+
+def _labels(id2label: dict, n: int) -> list[str]:
+    """HF's id2label (its keys strings once saved as JSON) as names by index."""
+    return [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(n)]

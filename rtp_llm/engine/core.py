@@ -169,7 +169,8 @@ class EngineCore:
         pooler = self.runner.pooler
         return InputLimits(self.max_model_len, self.vocab_size, self.scheduler.manager.num_blocks - 1,
                            self.block_size, self.config.max_logprobs,
-                           pooler.tasks if pooler is not None else ("generate",), self.model_config.hidden_size)
+                           pooler.tasks if pooler is not None else ("generate",), self.model_config.hidden_size,
+                           tuple(self.model_config.labels))
 
     def input_processor(self) -> InputProcessor:
         """The processor for requests to this core, sharing its grammar cache (callers on this process)."""

@@ -33,6 +33,7 @@ class InputLimits:
     max_logprobs: int = 20  # the most top logprobs a request may ask (-1: no cap)
     tasks: tuple[str, ...] = ("generate",)  # what the runner answers: generate, or pooling's embed / score / classify
     hidden_size: int = 0    # the largest embedding a pooling request may ask (dimensions)
+    labels: tuple[str, ...] = ()  # a classifier's label names (/classify)
 
 
 @dataclass

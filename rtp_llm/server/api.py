@@ -17,7 +17,7 @@ from rtp_llm.server.middleware import AuthMiddleware, BodyLimitMiddleware
 from rtp_llm.server.protocol_native import DetokenizeRequest, TokenizeRequest
 from rtp_llm.server.protocol import ChatCompletionRequest, CompletionRequest
 from rtp_llm.server.protocol_base import UnknownFields
-from rtp_llm.server.protocol_pooling import EmbeddingRequest, RerankRequest, ScoreRequest
+from rtp_llm.server.protocol_pooling import ClassifyRequest, EmbeddingRequest, RerankRequest, ScoreRequest
 from rtp_llm.server.protocol_responses import ResponsesRequest
 from rtp_llm.server.serving import ChatOptions, CorsOptions, Server
 from rtp_llm.server.serving_lora import LoadLoRARequest, LoRAOptions, UnloadLoRARequest
@@ -122,6 +122,11 @@ def create_app(engine: EngineClient, served_model_name: str, api_key: Optional[s
     @app.post("/score")
     async def score(req: ScoreRequest, request: Request):
         return await serving_pooling.create_score(srv, req, request)
+
+    @app.post("/classify")
+    @app.post("/v1/classify")
+    async def classify(req: ClassifyRequest, request: Request):
+        return await serving_pooling.create_classification(srv, req, request)
 
     @app.post("/v1/rerank")
     @app.post("/rerank")

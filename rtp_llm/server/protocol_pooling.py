@@ -1,5 +1,5 @@
-"""Request bodies of the pooling routes (--runner pooling): OpenAI's /v1/embeddings, vLLM's /v1/score, and the
-Jina / Cohere /v1/rerank. The same rules as protocol.py: unknown fields refused, text checked, null = default."""
+"""Request bodies of the pooling routes (--runner pooling): OpenAI's /v1/embeddings, vLLM's /v1/score and /classify,
+and the Jina / Cohere /v1/rerank. The same rules as protocol.py: unknown fields refused, text checked, null = default."""
 
 from __future__ import annotations
 
@@ -12,13 +12,11 @@ from rtp_llm.server.protocol_base import ApiModel, ApiRequest, FieldRule
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
 
 
-class EmbeddingRequest(ApiRequest):
+class _Inputs(ApiRequest):
+    """A text, texts, token ids or lists of token ids: one pooling request each."""
     model: Optional[str] = None
     input: Union[str, list[str], list[int], list[list[int]]]
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Optional[int] = Field(None, ge=1)   # Matryoshka: the first N, renormalised
     user: Optional[str] = Field(None, max_length=256)
-    normalize: Optional[bool] = None      # vLLM: override the model's normalisation
     add_special_tokens: bool = True       # vLLM: for text inputs
 
     @field_validator("input")
@@ -42,6 +40,17 @@ class EmbeddingRequest(ApiRequest):
         if all(isinstance(x, int) for x in v):
             return [list(v)]
         return list(v)
+
+
+class EmbeddingRequest(_Inputs):
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Optional[int] = Field(None, ge=1)   # Matryoshka: the first N, renormalised
+    normalize: Optional[bool] = None      # vLLM: override the model's normalisation
+
+
+class ClassifyRequest(_Inputs):
+    """vLLM's /classify: each input's label probabilities from a *ForSequenceClassification model."""
+    activation: bool = True  # vLLM's: false = the raw logits
 
 
 class ScoreRequest(ApiRequest):

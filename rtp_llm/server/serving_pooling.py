@@ -1,4 +1,4 @@
-"""The pooling routes (--runner pooling): POST /v1/embeddings, /v1/score, /v1/rerank. Every input is one engine
+"""The pooling routes (--runner pooling): POST /v1/embeddings, /v1/score, /v1/rerank, /classify. Every input is one engine
 request; they run in the same scheduler and kernels as generation, many per step, prefill only."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from fastapi import Request
 from rtp_llm.errors import RequestRejected
 from rtp_llm.pooling import PoolingParams
 from rtp_llm.server.http_errors import APIError
-from rtp_llm.server.protocol_pooling import EmbeddingRequest, RerankRequest, ScoreRequest
+from rtp_llm.server.protocol_pooling import ClassifyRequest, EmbeddingRequest, RerankRequest, ScoreRequest
 from rtp_llm.server.serving import Server
 
 
@@ -28,16 +28,22 @@ def _usage(outs) -> dict:
     return {"prompt_tokens": tokens, "total_tokens": tokens}
 
 
+def _prompts(srv: Server, req) -> list[list[int]]:
+    try:
+        return [srv.tokenizer.encode(x, add_special_tokens=req.add_special_tokens) if isinstance(x, str) else x
+                for x in req.inputs()]
+    except (ValueError, RequestRejected) as exc:
+        raise APIError(400, str(exc), param="input") from None
+
+
 async def create_embedding(srv: Server, req: EmbeddingRequest, request: Request):
     srv.check_model(req.model)
     try:
         pooling = PoolingParams("embed", req.dimensions, req.normalize)
-        prompts = [srv.tokenizer.encode(x, add_special_tokens=req.add_special_tokens) if isinstance(x, str) else x
-                   for x in req.inputs()]
-    except (ValueError, RequestRejected) as exc:
-        raise APIError(400, str(exc), param="input") from None
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="dimensions") from None
     rid = f"embd-{uuid.uuid4().hex}"
-    outs = await _pool(srv, request, prompts, pooling, rid, req.user)
+    outs = await _pool(srv, request, _prompts(srv, req), pooling, rid, req.user)
     data = [{"object": "embedding", "index": i,
              "embedding": (base64.b64encode(struct.pack(f"<{len(o.pooled)}f", *o.pooled)).decode()
                            if req.encoding_format == "base64" else o.pooled)} for i, o in enumerate(outs)]
@@ -71,3 +77,18 @@ async def create_rerank(srv: Server, req: RerankRequest, request: Request):
                                                                if req.return_documents else {})} for i in order]
     return {"id": rid, "model": srv.model_name, "usage": {"total_tokens": _usage(outs)["total_tokens"]},
             "results": results}
+
+
+async def create_classification(srv: Server, req: ClassifyRequest, request: Request):
+    srv.check_model(req.model)
+    rid = f"classify-{uuid.uuid4().hex}"
+    outs = await _pool(srv, request, _prompts(srv, req), PoolingParams("classify", activation=req.activation), rid,
+                       req.user)
+    labels = srv.processor.limits.labels
+    data = []
+    for i, o in enumerate(outs):
+        best = max(range(len(o.pooled)), key=lambda j: (o.pooled[j], -j))
+        data.append({"index": i, "label": labels[best] if best < len(labels) else f"LABEL_{best}", "probs": o.pooled,
+                     "num_classes": len(o.pooled)})
+    return {"id": rid, "object": "list", "created": int(time.time()), "model": srv.model_name, "data": data,
+            "usage": _usage(outs)}

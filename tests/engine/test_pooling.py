@@ -92,13 +92,14 @@ def test_cross_encoder_scores_and_classes_match_transformers(tmp_path):
     assert all(abs(torch.sigmoid(torch.tensor(r)).item() - s) < 1e-6 for r, s in zip(raw, scores))
     llm.close()
 
-    three = make_cross_encoder(tmp_path / "three", num_labels=3)
+    three = make_cross_encoder(tmp_path / "three", num_labels=3, labels=["neg", "neutral", "pos"])
     llm = engine(tmp_path / "three")
-    ids = llm.tokenizer.encode_pair(query, docs[0])
-    out = llm._run([llm.processor.process("c", ids, pooling=PoolingParams("classify"))], False, "x")[0].pooled
-    with torch.no_grad():
-        want = torch.softmax(three(torch.tensor([ids])).logits[0], -1)
-    torch.testing.assert_close(torch.tensor(out), want, rtol=1e-4, atol=1e-6)
+    assert llm.core.model_config.labels == ["neg", "neutral", "pos"]  # id2label, by index
+    outs = llm.classify([docs[0], llm.tokenizer.encode_pair(query, docs[1])], use_tqdm=False)  # text and ids
+    for ids, out in zip([llm.tokenizer.encode(docs[0]), llm.tokenizer.encode_pair(query, docs[1])], outs):
+        with torch.no_grad():
+            want = torch.softmax(three(torch.tensor([ids])).logits[0], -1)
+        torch.testing.assert_close(torch.tensor(out), want, rtol=1e-4, atol=1e-6)
     llm.close()
 
 

@@ -47,11 +47,13 @@ def make_embedding_model(path, kind: str, seed: int = 0):
     return model
 
 
-def make_cross_encoder(path, num_labels: int = 1, seed: int = 1):
+def make_cross_encoder(path, num_labels: int = 1, seed: int = 1, labels=None):
+    """labels: the classes' names (id2label); transformers' LABEL_i without."""
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
     torch.manual_seed(seed)
-    model = Qwen2ForSequenceClassification(Qwen2Config(**SIZE, num_labels=num_labels, pad_token_id=0)).eval()
+    names = {"id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)}} if labels else {}
+    model = Qwen2ForSequenceClassification(Qwen2Config(**SIZE, num_labels=num_labels, pad_token_id=0, **names)).eval()
     model.save_pretrained(str(path))
     return model
 

@@ -142,3 +142,54 @@ def test_rerank_orders_by_relevance_with_top_n_and_documents(reranker, path):
     assert r["usage"]["total_tokens"] > 0
     bare = httpx.post(srv.url + path, json={"query": q, "documents": DOCS, "return_documents": False}).json()
     assert len(bare["results"]) == 4 and all("document" not in x for x in bare["results"])
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    path = tmp_path_factory.mktemp("classify")
+    model = make_cross_encoder(path, num_labels=3, labels=["negative", "neutral", "positive"])
+    srv = _serve(path, "--task", "classify")
+    yield srv, model
+    assert srv.stop() == 0
+
+
+@pytest.mark.parametrize("path", ["/classify", "/v1/classify"])
+def test_classify_gives_each_inputs_label_probabilities(classifier, path):
+    """vLLM's /classify: texts, token ids and lists of them; probs = softmax of transformers' logits, label = the
+    argmax's id2label name, num_classes; activation false = the raw logits; usage counts the prompt tokens."""
+    srv, model = classifier
+    ids = _tokens(DOCS[1])
+    r = httpx.post(srv.url + path, json={"model": "pool", "input": [DOCS[0], DOCS[2]]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "list" and body["id"].startswith("classify-") and body["model"] == "pool"
+    names = ["negative", "neutral", "positive"]
+    for d, text in zip(body["data"], [DOCS[0], DOCS[2]]):
+        with torch.no_grad():
+            logits = model(torch.tensor([_tokens(text)])).logits[0]
+        torch.testing.assert_close(torch.tensor(d["probs"]), torch.softmax(logits, -1), rtol=1e-4, atol=1e-6)
+        assert d["num_classes"] == 3 and d["label"] == names[int(logits.argmax())]
+    assert body["usage"]["prompt_tokens"] == len(_tokens(DOCS[0])) + len(_tokens(DOCS[2]))
+    one = httpx.post(srv.url + path, json={"input": ids, "activation": False}).json()["data"]
+    assert len(one) == 1
+    with torch.no_grad():
+        torch.testing.assert_close(torch.tensor(one[0]["probs"]), model(torch.tensor([ids])).logits[0],
+                                   rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("body,param,words", [
+    ({"input": []}, "input", "empty list"),
+    ({"input": "hi", "top_k": 2}, "top_k", "does not implement this field"),
+    ({"input": "hi", "model": "nope"}, "model", "does not exist"),
+])
+def test_bad_classify_requests_are_4xx_naming_the_field(classifier, body, param, words):
+    srv, _ = classifier
+    r = httpx.post(srv.url + "/classify", json=body)
+    assert r.status_code in (400, 404), r.text
+    assert r.json()["error"]["param"] == param and words in r.json()["error"]["message"], r.text
+
+
+def test_classify_on_an_embedding_model_is_refused(embedder):
+    srv, _ = embedder
+    r = httpx.post(srv.url + "/classify", json={"input": "hi"})
+    assert r.status_code == 400 and "cross-encoder" in r.json()["error"]["message"]
