@@ -1,5 +1,6 @@
-"""Request bodies of the pooling routes (--runner pooling): OpenAI's /v1/embeddings, vLLM's /v1/score and /classify,
-and the Jina / Cohere /v1/rerank. The same rules as protocol.py: unknown fields refused, text checked, null = default."""
+"""Request bodies of the pooling routes (--runner pooling): OpenAI's /v1/embeddings, vLLM's /v1/score and
+/classify, and the Jina / Cohere /v1/rerank. The same rules as protocol.py: unknown fields refused, text checked,
+null = default."""
 
 from __future__ import annotations
 
