@@ -33,6 +33,7 @@ from rtp_llm.errors import QueueFullError, RequestRejected, TPWorkerError
 from rtp_llm.lora import LoRAManager
 from rtp_llm.models.default_model import with_default_model
 from rtp_llm.models.gguf_reader import shared_gguf_files
+from rtp_llm.pooling import runs_pooling
 from rtp_llm.sampling.grammar import GrammarCompiler
 
 log = logging.getLogger(__name__)
@@ -100,8 +101,7 @@ class EngineCore:
                 f"the KV cache holds {capacity} tokens ({num_blocks - 1} blocks of {self.block_size}), less than "
                 f"max_model_len={self.max_model_len}: give it more memory (kv_cache_memory_gb / num_blocks) "
                 f"or lower max_model_len")
-        self.pooling = config.runner == "pooling" or (config.runner == "auto" and (
-            mc.head != "lm" or mc.classifier_from_token is not None))
+        self.pooling = runs_pooling(config.runner, mc)
         # a pooling request reads every position it pools from its own prefill: nothing to cache for later
         self.scheduler = Scheduler(num_blocks, self.block_size, config.enable_prefix_caching and not self.pooling,
                                    config.max_num_seqs, config.max_num_batched_tokens, config.prefill_chunk,
@@ -118,9 +118,9 @@ class EngineCore:
         if self.pooling:
             from rtp_llm.pooling import Pooler
 
-            if tp is not None or config.speculative is not None:
-                raise ValueError("--runner pooling runs on one rank without speculative decoding (tp_size 1, no "
-                                 "speculative_config)")
+            if config.speculative is not None or (tp is not None and mc.classifier_from_token is not None):
+                raise ValueError("--runner pooling runs without speculative decoding, and a classifier read from an "
+                                 "LM head (classifier_from_token) on one rank (tp_size 1)")
             self.runner.pooler = Pooler.for_engine(model, config.model, self.tokenizer, config.pooler_config)
         self.lora = self.runner.lora = LoRAManager.for_engine(config, model, self.pooling, self.device)
         self.speculator = self._speculator(config)

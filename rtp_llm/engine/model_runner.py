@@ -60,6 +60,7 @@ class ModelRunner:
         self.sampler = Sampler(model.ops)
         self.input_batch = InputBatch(cfg.vocab_size, self.device)  # the sampled rows' parameters, kept across steps
         self.pooler = None  # --runner pooling: rtp_llm/pooling/Pooler, set by the core
+        self.pools = False  # --runner pooling on a rank > 0 (tp_worker): steps without logits
         self.lora = None    # --enable_lora: rtp_llm/lora/LoRAManager, set by the core
         self.graphs = None  # Device.decode_graphs: decode steps replayed from captured graphs, set by the core
 
@@ -93,17 +94,16 @@ class ModelRunner:
             self.lora.clear_step()
 
     def _execute(self, sched: SchedulerOutput, tokens, starts, slots, need, loras) -> RunnerOutput:
-        if self.pooler is not None:
-            return self._pool(ForwardBatch.build(tokens, starts, slots, sched.block_table, self.block_size, need,
-                                                 self.device), sched)
-        greedy = self._greedy_step(sched) and not sched.prompt_rows
+        greedy = self.pooler is None and self._greedy_step(sched) and not sched.prompt_rows
         try:
             if self.tp is not None:  # the other ranks run the same step from its message
                 adapters = self.lora.untold(loras) if self.lora is not None else []
                 self.tp.send_step(StepMessage([np.asarray(t) for t in tokens], starts, slots, need, sched.block_table,
                                               list(sched.copies), loras, adapters))
-            out = self._run(ForwardBatch.build(tokens, starts, slots, sched.block_table, self.block_size, need,
-                                               self.device), sched.copies, greedy)
+            batch = ForwardBatch.build(tokens, starts, slots, sched.block_table, self.block_size, need, self.device)
+            if self.pooler is not None:
+                return self._pool(batch, sched)
+            out = self._run(batch, sched.copies, greedy)
         except Exception as exc:
             if self.tp is None or isinstance(exc, TPWorkerError):
                 raise
@@ -114,8 +114,8 @@ class ModelRunner:
         return result
 
     def _pool(self, batch: ForwardBatch, sched: SchedulerOutput) -> RunnerOutput:
-        """A pooling step: the hidden states of the rows pooling reads, no logits (one rank: the core refuses
-        tensor parallelism with pooling)."""
+        """A pooling step: the hidden states of the rows pooling reads, no logits (under tensor parallelism every
+        rank holds them whole after the last all-reduce; rank 0 pools)."""
         self.kv.copy_blocks(sched.copies)
         h = self.model(batch, self.kv, self.attn)
         for seq, start, first, count in sched.prompt_rows:
@@ -144,6 +144,10 @@ class ModelRunner:
         sample (only on rank 0), or with `greedy` possibly their argmax only (GreedyTokens)."""
         batch = ForwardBatch.build(step.tokens, step.starts, step.slots, step.block_table, self.block_size,
                                    step.need_logits, self.device)
+        if self.pools:  # a pooling engine's other ranks: the forward's collectives, no logits
+            self.kv.copy_blocks(step.copies)
+            self.model(batch, self.kv, self.attn)
+            return None
         if self.lora is not None:
             self.lora.learn(step.adapters)
         with self._lora_step(step.loras, step.tokens):

@@ -24,6 +24,7 @@ def run_worker(config: EngineConfig, env: LaunchEnv) -> int:
     from rtp_llm.device import get_device
     from rtp_llm.engine.model_runner import ModelRunner
     from rtp_llm.lora import LoRAManager
+    from rtp_llm.pooling import runs_pooling
     from rtp_llm.models.default_model import with_default_model
     from rtp_llm.models.gguf_reader import shared_gguf_files
     from rtp_llm.models.registry import load_engine_model
@@ -40,7 +41,8 @@ def run_worker(config: EngineConfig, env: LaunchEnv) -> int:
         num_blocks = tp.all_reduce_min(kv_cache_blocks(config, device, cfg.num_layers, block_size,
                                                        model.shard.num_kv_heads, cfg.head_dim, model.dtype))
         runner = ModelRunner(model, cfg, num_blocks, block_size, device, config.attention_backend, tp)
-        runner.lora = LoRAManager.for_engine(config, model, False, device)  # this rank's slices of the adapters
+        runner.pools = runs_pooling(config.runner, cfg)
+        runner.lora = LoRAManager.for_engine(config, model, runner.pools, device)  # this rank's slices of adapters
         log.info("tensor-parallel rank %d/%d ready: heads %d-%d, kv heads %d-%d, %d KV blocks", env.rank, env.size,
                  model.shard.head_start, model.shard.head_stop - 1, model.shard.kv_start, model.shard.kv_stop - 1,
                  num_blocks)

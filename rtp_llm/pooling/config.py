@@ -55,3 +55,9 @@ class PoolerConfig:
             raise ValueError(f"{path}: the sentence-transformers pooling must be one of mean, CLS or last token "
                              f"(got {', '.join(modes) or 'none'})")
         return cls(_ST_MODES[modes[0]], normalize)
+
+
+def runs_pooling(runner: str, model_config) -> bool:
+    """--runner pooling, or auto on a checkpoint without an LM head (or read as a classifier from its LM head)."""
+    return runner == "pooling" or (runner == "auto" and (model_config.head != "lm"
+                                                         or model_config.classifier_from_token is not None))
