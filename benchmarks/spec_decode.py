@@ -5,6 +5,7 @@
                                      [--draft-quantization auto]] [--batch-w]
                                      [--llamacpp .venv-llamacpp/build/bin [--llamacpp-model F] [--llamacpp-draft F]]
 
+Configurations: plain, ngram (--lookup lo,hi), lookup (method "lookup", n-grams of hi down to 1), draft (--draft).
 Workloads (chat prompts through the model's template, greedy, up to --max-tokens, natural EOS): input-grounded
 work where the answer repeats the input (rename in a source file, reformat a JSON document, quote a passage with
 small edits) and open chat. Outputs are the same bits with and without speculation (checked every round), so
@@ -187,7 +188,8 @@ def main() -> None:
     lo, hi = (int(x) for x in args.lookup.split(","))
     configs = {"plain": None,
                "ngram": {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": lo,
-                         "prompt_lookup_max": hi}}
+                         "prompt_lookup_max": hi},
+               "lookup": {"method": "lookup", "num_speculative_tokens": args.k, "prompt_lookup_max": hi}}
     if args.draft:
         configs["draft"] = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.k}
         if args.draft_dtype:

@@ -2,6 +2,7 @@
 
     {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
     {"method": "draft_model", "model": "/path/to/draft", "num_speculative_tokens": 4}
+    {"method": "lookup", "num_speculative_tokens": 4, "prompt_lookup_max": 4}   (an rtp-llm extension)
 
 Every key the engine accepts is one it implements; any other is refused by name.
 """
@@ -12,7 +13,7 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, Optional, Union
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "lookup", "draft_model")
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class SpeculativeConfig:
     method: str
     num_speculative_tokens: int
     prompt_lookup_min: Optional[int] = None  # ngram: shortest suffix of the context to look up
-    prompt_lookup_max: Optional[int] = None  # ngram: longest
+    prompt_lookup_max: Optional[int] = None  # ngram: longest; lookup: its n-grams' longest (down to one token)
     model: Optional[str] = None              # draft_model: its checkpoint (the same tokenizer as the target)
     quantization: Optional[str] = None       # draft_model: as --quantization, for the draft (default: the target's)
     dtype: Optional[str] = None              # draft_model (an rtp-llm extension): its dtype (default: the target's)
@@ -75,13 +76,24 @@ class SpeculativeConfig:
             if d.get("model") is not None:
                 raise ValueError("speculative_config: method ngram takes no model")
             d["prompt_lookup_min"], d["prompt_lookup_max"] = lo, hi
+        elif method == "lookup":
+            if d.get("prompt_lookup_min") is not None:
+                raise ValueError("speculative_config: method lookup reads n-grams from prompt_lookup_max tokens down "
+                                 "to one (llama.cpp's lookup); it takes no prompt_lookup_min")
+            hi = d.get("prompt_lookup_max", None)
+            hi = 4 if hi is None else hi
+            if not isinstance(hi, int) or isinstance(hi, bool) or hi < 1:
+                raise ValueError(f"speculative_config.prompt_lookup_max must be a positive integer, got {hi!r}")
+            if d.get("model") is not None:
+                raise ValueError("speculative_config: method lookup takes no model")
+            d["prompt_lookup_max"] = hi
         else:
             if not d.get("model"):
                 raise ValueError("speculative_config: method draft_model needs a model (the draft's checkpoint)")
             for name in ("prompt_lookup_min", "prompt_lookup_max"):
                 if d.get(name) is not None:
                     raise ValueError(f"speculative_config: {name} is for method ngram")
-        if method == "ngram":
+        if method != "draft_model":
             for name in ("quantization", "dtype"):
                 if d.get(name) is not None:
                     raise ValueError(f"speculative_config: {name} is for method draft_model")

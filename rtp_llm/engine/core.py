@@ -147,7 +147,7 @@ class EngineCore:
         proposer = make_proposer(spec, target=self, max_batch=max_batch)
         log.info("speculative decoding: %s, %d tokens per step%s; no step speculates above %s running decodes",
                  spec.method, spec.num_speculative_tokens,
-                 f", lookup {spec.prompt_lookup_min}..{spec.prompt_lookup_max} tokens" if spec.method == "ngram"
+                 f", n-grams of {spec.prompt_lookup_min or 1}..{spec.prompt_lookup_max} tokens" if spec.model is None
                  else f", draft model {spec.model}", max_batch)
         return Speculator(spec, proposer, self.max_model_len)
 

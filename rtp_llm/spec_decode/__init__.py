@@ -15,6 +15,10 @@ def make_proposer(config, **kwargs) -> Proposer:
     """The proposer a SpeculativeConfig names (kwargs: the target engine and max_batch, for a draft model)."""
     if config.method == "ngram":
         return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+    if config.method == "lookup":
+        from rtp_llm.spec_decode.lookup import LookupProposer
+
+        return LookupProposer(config.prompt_lookup_max)
     if config.method == "draft_model":
         from rtp_llm.spec_decode.draft_model import DraftModelProposer
 

@@ -15,6 +15,7 @@ from tests.engine.helpers import Tiny, run_all
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
          "disable_by_batch_size": 64}  # every step speculates
+LOOKUP = {"method": "lookup", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "disable_by_batch_size": 64}
 
 
 def _brute_force_drafts(tokens, lo, hi, k):
@@ -38,6 +39,59 @@ def test_ngram_drafts_match_a_plain_search():
         assert ngram_drafts(np.asarray(tokens), lo, hi, k) == _brute_force_drafts(tokens, lo, hi, k), (tokens, lo, hi)
 
 
+def _brute_force_lookup(tokens, hi, k):
+    """Lookup decoding written out: a run of hi tokens seen before continues as "ngram" does; else, token by token,
+    the longest suffix (hi down to 1) seen with something after it decides: its most frequent follower (ties: the
+    latest), if seen often enough and with a large enough share (llama.cpp's lax thresholds), else no more drafts."""
+    run = _brute_force_drafts(tokens, hi, hi, k)
+    if run:
+        return run
+    seq, out = list(tokens), []
+    for _ in range(k):
+        pick = None
+        for n in range(min(hi, len(seq)), 0, -1):
+            suffix = seq[len(seq) - n:]
+            after = [(seq[i + n], i + n) for i in range(len(tokens) - n) if tokens[i:i + n] == suffix]
+            if not after:
+                continue
+            counts = {}
+            for t, pos in after:
+                c, last = counts.get(t, (0, -1))
+                counts[t] = (c + 1, max(last, pos))
+            token, (count, _) = max(counts.items(), key=lambda kv: kv[1])
+            seen, share = [(2, 66), (2, 50), (1, 50), (1, 50)][min(n, 4) - 1]
+            pick = token if len(after) >= seen and count * 100 >= share * len(after) else None
+            break
+        if pick is None:
+            break
+        out.append(pick)
+        seq.append(pick)
+    return out
+
+
+def test_lookup_drafts_match_a_plain_search():
+    """The proposer's counts, extended a few tokens at a time as a sequence grows, against the search above (only
+    the context's own n-grams count: never its drafts)."""
+    from rtp_llm.spec_decode.lookup import LookupProposer
+
+    class Seq:
+        def __init__(self, tokens):
+            self.seq_id, self.tokens = 1, tokens
+
+        def all_tokens(self):
+            return self.tokens
+
+    rng = random.Random(1)
+    for _ in range(300):
+        hi, k = rng.randrange(1, 5), rng.randrange(1, 6)
+        proposer, tokens = LookupProposer(hi), []
+        for _ in range(rng.randrange(1, 8)):
+            tokens = tokens + [rng.randrange(5) for _ in range(rng.randrange(1, 9))]
+            assert proposer.propose([Seq(tokens)], [k]) == [_brute_force_lookup(tokens, hi, k)], (tokens, hi, k)
+        proposer.release(Seq(tokens))
+        assert not proposer.counts
+
+
 def test_speculative_config_is_read_as_vllm_reads_it():
     c = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 3}')
     assert (c.prompt_lookup_min, c.prompt_lookup_max) == (5, 5)
@@ -45,12 +99,16 @@ def test_speculative_config_is_read_as_vllm_reads_it():
     assert (c.prompt_lookup_min, c.prompt_lookup_max) == (4, 4)
     assert SpeculativeConfig.parse({"model": "/d", "num_speculative_tokens": 2}).method == "draft_model"
     assert SpeculativeConfig.parse("") is None and SpeculativeConfig.parse({}) is None
+    assert SpeculativeConfig.parse({"method": "lookup", "num_speculative_tokens": 3}).prompt_lookup_max == 4
     for bad, word in [({"method": "eagle", "num_speculative_tokens": 2}, "method"),
                       ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
                       ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4,
                         "prompt_lookup_max": 2}, "prompt_lookup_min"),
                       ({"method": "ngram", "num_speculative_tokens": 2, "acceptance": 1}, "acceptance"),
                       ({"method": "draft_model", "num_speculative_tokens": 2}, "model"),
+                      ({"method": "lookup", "num_speculative_tokens": 2, "prompt_lookup_min": 2},
+                       "no prompt_lookup_min"),
+                      ({"method": "lookup", "num_speculative_tokens": 2, "dtype": "float32"}, "dtype"),
                       ("{not json", "JSON")]:
         with pytest.raises(ValueError, match=word):
             SpeculativeConfig.parse(bad)
@@ -109,9 +167,10 @@ def _run(tiny, spec, **kw):
     return done, engine
 
 
-def test_speculation_changes_no_output_bit(tiny):
+@pytest.mark.parametrize("config", [NGRAM, LOOKUP], ids=["ngram", "lookup"])
+def test_speculation_changes_no_output_bit(tiny, config):
     plain, plain_engine = _run(tiny, None)
-    spec, engine = _run(tiny, NGRAM)
+    spec, engine = _run(tiny, config)
     assert _signatures(spec) == _signatures(plain)
     s = engine.stats()
     # Both paths ran: drafts kept and drafts rejected.
