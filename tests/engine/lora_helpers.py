@@ -1,8 +1,15 @@
 """Adapters made with peft on tiny checkpoints, and transformers + peft's greedy tokens and logprobs to compare the
 engine with (tests/engine/test_lora*.py, tests/distributed/test_tp_lora.py)."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
+ROOT = Path(__file__).resolve().parents[2]
+PIN = (ROOT / "benchmarks/peers/requirements-llamacpp.txt").read_text().split("llama-cpp-python==")[1].split()[0]
+CONVERTER = ROOT / ".deps" / f"llama.cpp-{PIN}" / "convert_lora_to_gguf.py"  # unpacked by scripts/setup.sh
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -38,3 +45,12 @@ def reference(model, prompt, n):
             ids.append(t)
             lps.append(float(logp[t]))
     return ids[len(prompt):], lps
+
+
+def convert(adapter_dir, base_config_dir, out, outtype="f32") -> str:
+    """llama.cpp's converter, as its users run it: --base is the base's Hugging Face config directory."""
+    assert CONVERTER.exists(), f"{CONVERTER} missing: scripts/setup.sh unpacks llama.cpp's converters into .deps/"
+    run = subprocess.run([sys.executable, str(CONVERTER), "--base", str(base_config_dir), "--outfile", str(out),
+                          "--outtype", outtype, str(adapter_dir)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return str(out)

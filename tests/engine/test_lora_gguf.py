@@ -6,9 +6,6 @@ against the same adapter read from its PEFT directory; a GGUF adapter, a PEFT ad
 quantized base, each row the same bits as its run alone; every bad GGUF adapter refused by name."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,24 +15,12 @@ from rtp_llm import LLM, SamplingParams
 from rtp_llm.errors import RequestRejected
 from rtp_llm.lora import LoRARequest
 from rtp_llm.models.default_model import default_model_path
-from tests.engine.lora_helpers import make_adapter, reference
+from tests.engine.lora_helpers import convert, make_adapter, reference
 from tests.models.tiny_checkpoints import make_checkpoint
 from tests.models.tiny_gguf import write_tiny_gguf
 
-ROOT = Path(__file__).resolve().parents[2]
-PIN = (ROOT / "benchmarks/peers/requirements-llamacpp.txt").read_text().split("llama-cpp-python==")[1].split()[0]
-CONVERTER = ROOT / ".deps" / f"llama.cpp-{PIN}" / "convert_lora_to_gguf.py"
 PROMPTS = [[5, 17, 33, 2, 90, 14, 7], [100, 3, 3, 41, 8, 250, 61, 19, 4, 77, 12]]
 GREEDY = SamplingParams(max_tokens=8, temperature=0, logprobs=0)
-
-
-def convert(adapter_dir, base_config_dir, out, outtype="f32") -> str:
-    """llama.cpp's converter, as its users run it: --base is the base's Hugging Face config directory."""
-    assert CONVERTER.exists(), f"{CONVERTER} missing: scripts/setup.sh unpacks llama.cpp's converters into .deps/"
-    run = subprocess.run([sys.executable, str(CONVERTER), "--base", str(base_config_dir), "--outfile", str(out),
-                          "--outtype", outtype, str(adapter_dir)], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return str(out)
 
 
 def run(llm, prompts, lora):

@@ -123,3 +123,19 @@ def test_an_adapter_the_engine_cannot_read_is_a_400_and_the_base_keeps_serving(s
     assert gone.status_code == 400, gone.text
     assert "no adapter_config.json" in gone.json()["error"]["message"]
     assert complete(srv, "base").json()["choices"][0]["token_ids"] == want["base"]
+
+
+def test_a_gguf_adapter_through_the_openai_client(setup):
+    """llama.cpp's GGUF adapter (written by its own converter from adapter b) loaded at run time and named by a
+    request of the openai client: b's tokens, as its PEFT directory gives them."""
+    from tests.engine.lora_helpers import convert
+
+    srv, root, want = setup
+    path = convert(root / "b", root / "base", root / "b.gguf")
+    r = httpx.post(srv.url + "/v1/load_lora_adapter", json={"lora_name": "b-gguf", "lora_path": path})
+    assert r.status_code == 200, r.text
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    out = client.completions.create(model="b-gguf", prompt=PROMPT, max_tokens=6, temperature=0,
+                                    extra_body={"return_token_ids": True})
+    assert out.choices[0].token_ids == want["b"]
+    assert "b-gguf" in {m.id for m in client.models.list().data}
