@@ -86,15 +86,18 @@ class LoRAManager:
         except LoRAError as exc:
             raise RequestRejected(str(exc), param="model") from None
         self._register(request)
-        lora_id, key = request.lora_int_id, (request.lora_int_id, request.lora_path)
-        future = None
-        if lora_id not in self.host:
-            future = self.loading.get(key)
-            if future is None:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="lora-load")
-                future = self.loading[key] = self._pool.submit(self._read, request)
-        return lora_id, self.cache_keys[lora_id], future
+        future = self._load(request) if request.lora_int_id not in self.host else None
+        return request.lora_int_id, self.cache_keys[request.lora_int_id], future
+
+    def _load(self, request: LoRARequest) -> Future:
+        """The adapter's read on the loader thread (started now, or the one already under way)."""
+        key = (request.lora_int_id, request.lora_path)
+        future = self.loading.get(key)
+        if future is None or (future.done() and future.exception() is not None):  # none, or a failed one: again
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="lora-load")
+            future = self.loading[key] = self._pool.submit(self._read, request)
+        return future
 
     def settle(self) -> None:
         """Finished loads: each adapter to the host, or (a failed load) its name forgotten."""
@@ -107,6 +110,7 @@ class LoRAManager:
                 continue
             if future.exception() is not None:
                 self.remove(request.lora_name)
+                self.told.pop(lora_id, None)  # the other ranks' reads failed too: tell them again if it comes back
             else:
                 self._store(request, future.result())
 
@@ -167,8 +171,9 @@ class LoRAManager:
 
     def _host(self, request: LoRARequest) -> LoRAAdapter:
         adapter = self.host.get(request.lora_int_id)
-        if adapter is None:  # first use, or evicted from the host since: read now
-            adapter = self._store(request, self._read(request))
+        if adapter is None:  # first use (its read under way: wait for it), or evicted from the host: read now
+            future = self.loading.pop((request.lora_int_id, request.lora_path), None)
+            adapter = self._store(request, future.result() if future is not None else self._read(request))
         self.host.move_to_end(request.lora_int_id)
         return adapter
 
@@ -232,21 +237,25 @@ class LoRAManager:
 
     # --- tensor parallelism: rank 0 tells the other ranks which adapter each id is --------------------------------
     def untold(self, ids) -> list[tuple[int, str, str]]:
-        """(id, name, path) of this step's adapters the other ranks do not know yet (or know as another)."""
+        """(id, name, path) of the adapters the other ranks do not know yet (or know as another): this step's, and
+        those rank 0 is reading now, so that the other ranks read theirs meanwhile."""
         out = []
-        for lora_id in dict.fromkeys(i for i in ids if i):
-            request = next(r for r in self.known.values() if r.lora_int_id == lora_id)
-            if self.told.get(lora_id) != (request.lora_name, request.lora_path):
+        for lora_id in dict.fromkeys([i for i in ids if i] + [i for i, _ in self.loading]):
+            request = next((r for r in self.known.values() if r.lora_int_id == lora_id), None)
+            if request is not None and self.told.get(lora_id) != (request.lora_name, request.lora_path):
                 self.told[lora_id] = (request.lora_name, request.lora_path)
                 out.append((lora_id, request.lora_name, request.lora_path))
         return out
 
     def learn(self, adapters) -> None:
-        """A rank > 0: adapters rank 0 has admitted, each replacing whatever this rank knew by that id or name."""
+        """A rank > 0: adapters rank 0 has admitted, each replacing whatever this rank knew by that id or name, and
+        read on this rank's loader thread (the first step that uses one waits for it, if it must)."""
         for lora_id, name, path in adapters:
             for old in [r.lora_name for r in self.known.values() if r.lora_int_id == lora_id or r.lora_name == name]:
                 self.remove(old)
-            self.add(LoRARequest(name, lora_id, path))
+            request = LoRARequest(name, lora_id, path)
+            self._register(request)
+            self._load(request)
 
     def id_of(self, name: str) -> Optional[int]:
         r = self.known.get(name)

@@ -217,3 +217,34 @@ def test_adapters_load_off_the_step_loop(tmp_path, monkeypatch):
         llm.generate([PROMPTS[0]], GREEDY, use_tqdm=False, lora_request=LoRARequest("bad", 2, str(tmp_path)))
     assert not core.requests and not core.rejected and core.scheduler.manager.stats().used_blocks == 0
     assert "bad" not in core.lora.known  # forgotten: the name can be loaded again
+
+
+def test_other_ranks_hear_of_an_adapter_while_rank_0_reads_it(tmp_path, monkeypatch):
+    """Tensor parallelism's bookkeeping on one process: rank 0 names an adapter to the other ranks as soon as its
+    read starts (untold), a rank that learns of it reads it on its own loader thread (learn returns at once), and the
+    first step that uses it waits for that read."""
+    import threading
+
+    from rtp_llm.lora.adapter import LoRAAdapter
+
+    base = tmp_path / "base"
+    make_checkpoint(base, "qwen3_mha_tied")
+    make_adapter(base, tmp_path / "a", 4, seed=9)
+    path = str(tmp_path / "a")
+    gate = threading.Event()
+    load = LoRAAdapter.load
+
+    def held_load(*args):
+        gate.wait(30)
+        return load(*args)
+
+    monkeypatch.setattr(LoRAAdapter, "load", held_load)
+    rank0, other = engine(base).core.lora, engine(base).core.lora
+    rank0.admit(LoRARequest("a", 1, path))
+    assert rank0.untold([]) == [(1, "a", path)] and rank0.untold([1]) == []  # told once, while it loads
+    other.learn([(1, "a", path)])  # returns while the read is held
+    assert (1, path) in other.loading and 1 not in other.host
+    gate.set()
+    other.set_step({1: [0, 1]})
+    assert 1 in other.host and not other.loading and [s for s, _ in other.ctx.groups] == [other.slots[1]]
+    other.clear_step()
