@@ -199,6 +199,7 @@ def test_adapters_load_off_the_step_loop(tmp_path, monkeypatch):
 
     monkeypatch.setattr(LoRAAdapter, "load", held_load)
     core.add_request(EngineRequest("lora", PROMPTS[0], GREEDY, lora=LoRARequest("a", 1, str(tmp_path / "a"))))
+    core.add_request(EngineRequest("gone", PROMPTS[2], GREEDY, lora=LoRARequest("a", 1, str(tmp_path / "a"))))
     core.add_request(EngineRequest("base", PROMPTS[1], GREEDY))
     done, steps = {}, 0
     while "base" not in done:
@@ -206,11 +207,15 @@ def test_adapters_load_off_the_step_loop(tmp_path, monkeypatch):
         steps += 1
         assert steps < 100
     assert "lora" not in done and core.admissions.waiting  # the base request finished while the adapter loaded
+    assert len(core.lora.loading) == 1  # one read for both requests
+    core.abort("gone")  # aborted while it waits: it ends at once, the read goes on for the other
     gate.set()
     tokens = []
     while core.has_unfinished():
         for d in core.step():
             tokens += d.samples[0].token_ids if d.request_id == "lora" else []
+            if d.request_id == "gone":
+                assert d.finished and not d.samples[0].token_ids
     assert tokens == reference(ref, PROMPTS[0], 8)[0]
     # a path that is no adapter, named offline: refused after add_request, as RequestRejected
     with pytest.raises(RequestRejected, match="no adapter_config.json"):
