@@ -21,33 +21,27 @@ def engine(path, tp, **kw):
                max_prefill_chunk=16, **kw)
 
 
-def test_embeddings_under_tp_match_tp1_and_transformers(tmp_path):
-    """Mean pooling over prompts chunked in 16-row pieces (every chunk a step both ranks run)."""
-    model = make_embedding_model(tmp_path, "mean")
+@pytest.mark.parametrize("task", ["embed", "classify"])
+def test_pooling_under_tp_matches_tp1_and_transformers(tmp_path, task):
+    """Mean-pooled embeddings and a 3-label classifier's probabilities, prompts chunked in 16-row pieces (every
+    chunk a step both ranks run)."""
+    if task == "embed":
+        model = make_embedding_model(tmp_path, "mean")
+        pool = lambda llm: llm.embed(TEXTS, use_tqdm=False)  # noqa: E731
+        reference = lambda x: F.normalize(model(x).last_hidden_state[0].float().mean(0), dim=-1)  # noqa: E731
+    else:
+        model = make_cross_encoder(tmp_path, num_labels=3, labels=["a", "b", "c"])
+        pool = lambda llm: llm.classify(TEXTS, use_tqdm=False)  # noqa: E731
+        reference = lambda x: torch.softmax(model(x).logits[0], -1)  # noqa: E731
     got = {}
     for tp in (1, 2):
         with engine(tmp_path, tp) as llm:
-            got[tp] = llm.embed(TEXTS, use_tqdm=False)
+            got[tp] = pool(llm)
             ids = [llm.tokenizer.encode(t) for t in TEXTS]
     for v1, v2, x in zip(got[1], got[2], ids):
         torch.testing.assert_close(torch.tensor(v2), torch.tensor(v1), rtol=1e-4, atol=1e-5)
         with torch.no_grad():
-            want = F.normalize(model(torch.tensor([x])).last_hidden_state[0].float().mean(0), dim=-1)
-        torch.testing.assert_close(torch.tensor(v2), want, rtol=1e-4, atol=1e-5)
-
-
-def test_scores_and_classes_under_tp_match_tp1_and_transformers(tmp_path):
-    model = make_cross_encoder(tmp_path, num_labels=3, labels=["a", "b", "c"])
-    got = {}
-    for tp in (1, 2):
-        with engine(tmp_path, tp) as llm:
-            got[tp] = llm.classify(TEXTS, use_tqdm=False)
-            ids = [llm.tokenizer.encode(t) for t in TEXTS]
-    for p1, p2, x in zip(got[1], got[2], ids):
-        torch.testing.assert_close(torch.tensor(p2), torch.tensor(p1), rtol=1e-4, atol=1e-6)
-        with torch.no_grad():
-            want = torch.softmax(model(torch.tensor([x])).logits[0], -1)
-        torch.testing.assert_close(torch.tensor(p2), want, rtol=1e-4, atol=1e-6)
+            torch.testing.assert_close(torch.tensor(v2), reference(torch.tensor([x])), rtol=1e-4, atol=1e-5)
 
 
 def test_the_yes_no_recipe_is_refused_under_tp(tmp_path):

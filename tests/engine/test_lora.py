@@ -176,20 +176,13 @@ prefill's rows in one piece or in several."""
     assert len({tuple(t) for t, _ in got[False, None]}) == 3  # each adapter changes the answer
 
 
-def test_adapters_load_off_the_step_loop(tmp_path, monkeypatch):
-    """While an adapter is read (held here on the loader thread by a gate), a base request keeps stepping to its end;
-    the adapter's request then runs with it. An adapter whose load fails in the engine (the caller did not check it)
-    refuses its request after the fact, RequestRejected as add_request would have raised, with nothing of it run."""
+@pytest.fixture
+def held_reads(monkeypatch):
+    """A gate every adapter read waits at (on the loader thread) until the test sets it."""
     import threading
 
-    from rtp_llm.engine.protocol import EngineRequest
     from rtp_llm.lora.adapter import LoRAAdapter
 
-    base = tmp_path / "base"
-    make_checkpoint(base, "qwen3_mha_tied")
-    ref = make_adapter(base, tmp_path / "a", 8, seed=8)
-    llm = engine(base)
-    core = llm.core
     gate = threading.Event()
     load = LoRAAdapter.load
 
@@ -198,6 +191,20 @@ def test_adapters_load_off_the_step_loop(tmp_path, monkeypatch):
         return load(*args)
 
     monkeypatch.setattr(LoRAAdapter, "load", held_load)
+    return gate
+
+
+def test_adapters_load_off_the_step_loop(tmp_path, held_reads):
+    """While an adapter is read (held here on the loader thread by a gate), a base request keeps stepping to its end;
+    the adapter's request then runs with it. An adapter whose load fails in the engine (the caller did not check it)
+    refuses its request after the fact, RequestRejected as add_request would have raised, with nothing of it run."""
+    from rtp_llm.engine.protocol import EngineRequest
+
+    base = tmp_path / "base"
+    make_checkpoint(base, "qwen3_mha_tied")
+    ref = make_adapter(base, tmp_path / "a", 8, seed=8)
+    llm = engine(base)
+    core = llm.core
     core.add_request(EngineRequest("lora", PROMPTS[0], GREEDY, lora=LoRARequest("a", 1, str(tmp_path / "a"))))
     core.add_request(EngineRequest("gone", PROMPTS[2], GREEDY, lora=LoRARequest("a", 1, str(tmp_path / "a"))))
     core.add_request(EngineRequest("base", PROMPTS[1], GREEDY))
@@ -209,7 +216,7 @@ def test_adapters_load_off_the_step_loop(tmp_path, monkeypatch):
     assert "lora" not in done and core.admissions.waiting  # the base request finished while the adapter loaded
     assert len(core.lora.loading) == 1  # one read for both requests
     core.abort("gone")  # aborted while it waits: it ends at once, the read goes on for the other
-    gate.set()
+    held_reads.set()
     tokens = []
     while core.has_unfinished():
         for d in core.step():
@@ -224,32 +231,20 @@ def test_adapters_load_off_the_step_loop(tmp_path, monkeypatch):
     assert "bad" not in core.lora.known  # forgotten: the name can be loaded again
 
 
-def test_other_ranks_hear_of_an_adapter_while_rank_0_reads_it(tmp_path, monkeypatch):
+def test_other_ranks_hear_of_an_adapter_while_rank_0_reads_it(tmp_path, held_reads):
     """Tensor parallelism's bookkeeping on one process: rank 0 names an adapter to the other ranks as soon as its
     read starts (untold), a rank that learns of it reads it on its own loader thread (learn returns at once), and the
     first step that uses it waits for that read."""
-    import threading
-
-    from rtp_llm.lora.adapter import LoRAAdapter
-
     base = tmp_path / "base"
     make_checkpoint(base, "qwen3_mha_tied")
     make_adapter(base, tmp_path / "a", 4, seed=9)
     path = str(tmp_path / "a")
-    gate = threading.Event()
-    load = LoRAAdapter.load
-
-    def held_load(*args):
-        gate.wait(30)
-        return load(*args)
-
-    monkeypatch.setattr(LoRAAdapter, "load", held_load)
     rank0, other = engine(base).core.lora, engine(base).core.lora
     rank0.admit(LoRARequest("a", 1, path))
     assert rank0.untold([]) == [(1, "a", path)] and rank0.untold([1]) == []  # told once, while it loads
     other.learn([(1, "a", path)])  # returns while the read is held
     assert (1, path) in other.loading and 1 not in other.host
-    gate.set()
+    held_reads.set()
     other.set_step({1: [0, 1]})
     assert 1 in other.host and not other.loading and [s for s, _ in other.ctx.groups] == [other.slots[1]]
     other.clear_step()

@@ -19,6 +19,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "rtp_llm/cpp/cpu/ops.h"
@@ -47,22 +48,33 @@ struct Group {
 
 // Q rows of one group over tiles [t0, t1): the shrink into mid [Q, ceil(r / 8) * 8], then each tile's expand with
 // Q accumulators in registers.
+// The block's rows as float32, xf [Q, k]: what the shrink broadcasts.
+template <int Q, typename T>
+void rows_to_float(const T* const* xr, int64_t k, float* xf) {
+    for (int q = 0; q < Q; ++q)
+        for (int64_t c = 0; c < k; ++c) xf[q * k + c] = static_cast<float>(xr[q][c]);
+}
+
+// The shrink for rank tile jt: mid[:, 8jt..8jt+7] = x @ a's tile, k ascending.
+template <int Q>
+void shrink_tile(const Group& g, int64_t jt, int64_t k, const float* xf, float* mid) {
+    const int64_t rt = (g.r + 7) / 8;
+    const float* at = g.a + jt * k * 8;
+    __m256 acc[Q];
+    for (int q = 0; q < Q; ++q) acc[q] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < k; ++c) {
+        const __m256 w = _mm256_loadu_ps(at + c * 8);
+        for (int q = 0; q < Q; ++q) acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(xf[q * k + c]), w, acc[q]);
+    }
+    for (int q = 0; q < Q; ++q) _mm256_storeu_ps(mid + q * rt * 8 + jt * 8, acc[q]);
+}
+
 template <int Q, typename T>
 void rows_block(const Group& g, const T* const* xr, T* const* yr, int64_t k, int64_t t0, int64_t t1, float* xf,
                 float* mid) {
-    for (int q = 0; q < Q; ++q)
-        for (int64_t c = 0; c < k; ++c) xf[q * k + c] = static_cast<float>(xr[q][c]);
+    rows_to_float<Q>(xr, k, xf);
     const int64_t rt = (g.r + 7) / 8;
-    for (int64_t jt = 0; jt < rt; ++jt) {  // shrink: mid[:, 8jt..8jt+7] = x @ a's tile, k ascending
-        const float* at = g.a + jt * k * 8;
-        __m256 acc[Q];
-        for (int q = 0; q < Q; ++q) acc[q] = _mm256_setzero_ps();
-        for (int64_t c = 0; c < k; ++c) {
-            const __m256 w = _mm256_loadu_ps(at + c * 8);
-            for (int q = 0; q < Q; ++q) acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(xf[q * k + c]), w, acc[q]);
-        }
-        for (int q = 0; q < Q; ++q) _mm256_storeu_ps(mid + q * rt * 8 + jt * 8, acc[q]);
-    }
+    for (int64_t jt = 0; jt < rt; ++jt) shrink_tile<Q>(g, jt, k, xf, mid);
     alignas(32) float tmp[8];
     alignas(32) T out[8];
     for (int64_t t = t0; t < t1; ++t) {  // expand: y[:, tile] += mid @ the tile's rank rows, the rank ascending
@@ -96,8 +108,7 @@ void rows_block(const Group& g, const T* const* xr, T* const* yr, int64_t k, int
 template <int Q, typename T>
 RTP_AVX512 void rows_block_avx512(const Group& g, const T* const* xr, T* const* yr, int64_t k, int64_t t0,
                                   int64_t t1, float* xf, float* mid) {
-    for (int q = 0; q < Q; ++q)
-        for (int64_t c = 0; c < k; ++c) xf[q * k + c] = static_cast<float>(xr[q][c]);
+    rows_to_float<Q>(xr, k, xf);
     const int64_t rt = (g.r + 7) / 8;
     int64_t jt = 0;
     for (; jt + 1 < rt; jt += 2) {
@@ -112,16 +123,7 @@ RTP_AVX512 void rows_block_avx512(const Group& g, const T* const* xr, T* const* 
         }
         for (int q = 0; q < Q; ++q) _mm512_storeu_ps(mid + q * rt * 8 + jt * 8, acc[q]);
     }
-    if (jt < rt) {  // an odd last rank tile
-        const float* at = g.a + jt * k * 8;
-        __m256 acc[Q];
-        for (int q = 0; q < Q; ++q) acc[q] = _mm256_setzero_ps();
-        for (int64_t c = 0; c < k; ++c) {
-            const __m256 w = _mm256_loadu_ps(at + c * 8);
-            for (int q = 0; q < Q; ++q) acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(xf[q * k + c]), w, acc[q]);
-        }
-        for (int q = 0; q < Q; ++q) _mm256_storeu_ps(mid + q * rt * 8 + jt * 8, acc[q]);
-    }
+    if (jt < rt) shrink_tile<Q>(g, jt, k, xf, mid);  // an odd last rank tile
     alignas(64) float tmp[16];
     alignas(32) T out[8];
     for (int64_t t = t0; t < t1;) {
@@ -156,21 +158,19 @@ RTP_AVX512 void rows_block_avx512(const Group& g, const T* const* xr, T* const* 
 }
 #endif
 
-template <typename T>
-void block_avx512(int64_t count, const Group& g, const T* const* xr, T* const* yr, int64_t k, int64_t t0,
-                  int64_t t1, float* xf, float* mid) {
-#if defined(__x86_64__) && defined(__GNUC__)
+// f(std::integral_constant<int, Q>) for a block of `count` rows (1..8): the kernels take Q at compile time.
+template <typename F>
+void with_rows(int64_t count, F&& f) {
     switch (count) {
-        case 1: rows_block_avx512<1>(g, xr, yr, k, t0, t1, xf, mid); break;
-        case 2: rows_block_avx512<2>(g, xr, yr, k, t0, t1, xf, mid); break;
-        case 3: rows_block_avx512<3>(g, xr, yr, k, t0, t1, xf, mid); break;
-        case 4: rows_block_avx512<4>(g, xr, yr, k, t0, t1, xf, mid); break;
-        case 5: rows_block_avx512<5>(g, xr, yr, k, t0, t1, xf, mid); break;
-        case 6: rows_block_avx512<6>(g, xr, yr, k, t0, t1, xf, mid); break;
-        case 7: rows_block_avx512<7>(g, xr, yr, k, t0, t1, xf, mid); break;
-        default: rows_block_avx512<8>(g, xr, yr, k, t0, t1, xf, mid); break;
+        case 1: f(std::integral_constant<int, 1>{}); break;
+        case 2: f(std::integral_constant<int, 2>{}); break;
+        case 3: f(std::integral_constant<int, 3>{}); break;
+        case 4: f(std::integral_constant<int, 4>{}); break;
+        case 5: f(std::integral_constant<int, 5>{}); break;
+        case 6: f(std::integral_constant<int, 6>{}); break;
+        case 7: f(std::integral_constant<int, 7>{}); break;
+        default: f(std::integral_constant<int, 8>{}); break;
     }
-#endif
 }
 
 template <typename T>
@@ -214,20 +214,13 @@ void run(const at::Tensor& x, at::Tensor& y, const std::vector<Group>& groups, i
             }
             float* xb = xf.data();
             float* m = mid.data();
-            if (avx512) {
-                block_avx512<T>(blk.count, g, xr, yr, k, t0, t1, xb, m);
-                continue;
-            }
-            switch (blk.count) {
-                case 1: rows_block<1>(g, xr, yr, k, t0, t1, xb, m); break;
-                case 2: rows_block<2>(g, xr, yr, k, t0, t1, xb, m); break;
-                case 3: rows_block<3>(g, xr, yr, k, t0, t1, xb, m); break;
-                case 4: rows_block<4>(g, xr, yr, k, t0, t1, xb, m); break;
-                case 5: rows_block<5>(g, xr, yr, k, t0, t1, xb, m); break;
-                case 6: rows_block<6>(g, xr, yr, k, t0, t1, xb, m); break;
-                case 7: rows_block<7>(g, xr, yr, k, t0, t1, xb, m); break;
-                default: rows_block<8>(g, xr, yr, k, t0, t1, xb, m); break;
-            }
+            with_rows(blk.count, [&](auto rows) {
+                constexpr int Q = decltype(rows)::value;
+#if defined(__x86_64__) && defined(__GNUC__)
+                if (avx512) return rows_block_avx512<Q>(g, xr, yr, k, t0, t1, xb, m);
+#endif
+                rows_block<Q>(g, xr, yr, k, t0, t1, xb, m);
+            });
         }
     });
 }
