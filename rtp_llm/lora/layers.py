@@ -22,8 +22,8 @@ class LoRAContext:
 
 
 class LinearLoRA:
-    """One base Linear's adapters by slot. The modules it fuses (qkv: q, k, v; gate_up: gate, up) are joined at
-    install: a_t [in, sum r] holds their A^T side by side, bt [sum r, out] places each (B * scale)^T in its rank
+    """One base Linear's adapters by slot. The modules it fuses (qkv: q, k, v; gate_up: gate, up) are joined when
+    packed (pack): a_t [in, sum r] holds their A^T side by side, bt [sum r, out] places each (B * scale)^T in its rank
     rows and its output columns (zeros elsewhere: each module's block is a segment the device's lora_pack may keep
     alone), so a group's delta is one shrink and one expand whatever the fusion. Both float32, as PEFT keeps
     adapters on a bf16 base; the device's lora_add computes every group's rows (each row on its own, so a

@@ -1,6 +1,6 @@
 // LoRA deltas on a linear layer's output, every adapter group of a step in one call (the Punica shrink / expand
-// per group): y[t] += (x[t] @ A^T) @ (B * scale)^T for each row t of a group, from the adapter's weights packed once
-// at install (CpuOps.lora_pack) into tiles of 8 columns:
+// per group): y[t] += (x[t] @ A^T) @ (B * scale)^T for each row t of a group, from the adapter's weights packed
+// once, when the adapter is read (CpuOps.lora_pack), into tiles of 8 columns:
 //   a  [ceil(R / 8), K, 8]: A^T's rank columns in tiles, each tile's K rows contiguous (the shrink streams it);
 //   b  flat: per output tile, the rank rows that reach those 8 columns ([nj, 8], zero-padded past the last column);
 //   tiles [Nt, 5] int64: per output tile (offset of its data in b, first rank row j0, nj, y column, width <= 8).
