@@ -398,7 +398,7 @@ class EngineCore:
     def _retire(self, req: Request) -> None:
         if self.requests.pop(req.request_id, None) is not None:
             self.counters["requests_finished"] += 1
-        if self.lora is not None and self.lora.retiring:
+        if self.lora is not None:  # unloaded adapters no request uses go; the host keeps the others'
             self.lora.sweep({r.lora_id for r in self.requests.values()})
 
     # --- introspection -----------------------------------------------------------------------------------------

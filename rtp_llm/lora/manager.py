@@ -55,6 +55,7 @@ class LoRAManager:
         self.cache_keys: dict[int, int] = {}
         self.told: dict[int, tuple[str, str]] = {}
         self.loading: dict[tuple[int, str], Future] = {}  # (id, path) -> its load on the loader thread
+        self.in_use: set[int] = set()  # ids the engine's requests run with (admit adds, sweep resets)
         self._pool: Optional[ThreadPoolExecutor] = None  # tensor parallelism: what the other ranks know of each id
 
     @classmethod
@@ -86,6 +87,7 @@ class LoRAManager:
         except LoRAError as exc:
             raise RequestRejected(str(exc), param="model") from None
         self._register(request)
+        self.in_use.add(request.lora_int_id)
         future = self._load(request) if request.lora_int_id not in self.host else None
         return request.lora_int_id, self.cache_keys[request.lora_int_id], future
 
@@ -153,8 +155,13 @@ class LoRAManager:
             self.remove(name)
 
     def sweep(self, in_use: set) -> None:
+        """After a request left: in_use, the ids the engine's requests still run with. Unloaded adapters none of
+        them uses go; the host keeps the others' weights (so no request's adapter is read again on the loop) and
+        trims back to max_cpu_loras among the rest."""
+        self.in_use = set(in_use)
         for name in [n for n in self.retiring if self.known[n].lora_int_id not in in_use]:
             self.remove(name)
+        self._trim(None)
 
     def remove(self, name: str) -> None:
         self.retiring.discard(name)
@@ -188,12 +195,17 @@ class LoRAManager:
 
     def _store(self, request: LoRARequest, adapter: LoRAAdapter) -> LoRAAdapter:
         self.host[request.lora_int_id] = adapter
-        while len(self.host) > self.max_cpu_loras:  # the least recently used, never a resident or this one
-            victim = next((i for i in self.host if i not in self.slots and i != request.lora_int_id), None)
+        self._trim(request.lora_int_id)
+        return adapter
+
+    def _trim(self, keep: Optional[int]) -> None:
+        """Down to max_cpu_loras on the host: the least recently used first, never a resident, one a request runs
+        with, or `keep`."""
+        while len(self.host) > self.max_cpu_loras:
+            victim = next((i for i in self.host if i not in self.slots and i not in self.in_use and i != keep), None)
             if victim is None:
                 break
             del self.host[victim]
-        return adapter
 
     # --- the step ----------------------------------------------------------------------------------------------
     def set_step(self, rows_of: dict[int, list[int]]) -> None:

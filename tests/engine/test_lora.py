@@ -74,19 +74,25 @@ def test_mixed_batches_change_no_row(tmp_path):
     assert len({tuple(t.outputs[0].token_ids) for t in together[:3]}) == 3  # one prompt, three answers
 
 
-def test_more_adapters_than_slots_wait_and_swap(tmp_path):
+def test_more_adapters_than_slots_wait_and_swap(tmp_path, monkeypatch):
     """max_loras=1 with two adapters in flight: a step never mixes them (the second waits for the slot), and every
-    answer is its own adapter's."""
+    answer is its own adapter's. With max_cpu_loras=1 the host still keeps both while requests run with them (each
+    is read once, never again on the loop at a swap), and trims back to one when they are done."""
+    from rtp_llm.lora.adapter import LoRAAdapter
+
     base = tmp_path / "base"
     make_checkpoint(base, "llama_gqa4_tied_attnbias")
     ra = make_adapter(base, tmp_path / "a", 8, seed=3)
     rb = make_adapter(base, tmp_path / "b", 8, seed=4)
     la, lb = LoRARequest("a", 1, str(tmp_path / "a")), LoRARequest("b", 2, str(tmp_path / "b"))
     llm = engine(base, max_loras=1, max_cpu_loras=1)
+    reads, load = [], LoRAAdapter.load
+    monkeypatch.setattr(LoRAAdapter, "load", lambda request, *a: reads.append(request.lora_name) or load(request, *a))
     outs = llm.generate([PROMPTS[0]] * 4, GREEDY, use_tqdm=False, lora_request=[la, lb, la, lb])
     want = {1: reference(ra, PROMPTS[0], 8)[0], 2: reference(rb, PROMPTS[0], 8)[0]}
     assert [o.outputs[0].token_ids for o in outs] == [want[1], want[2], want[1], want[2]]
     assert len(llm.core.lora.slots) == 1  # set_step raises if a step ever held both
+    assert sorted(reads) == ["a", "b"] and len(llm.core.lora.host) == 1
 
 
 def test_bad_adapters_are_refused_by_name_and_the_base_keeps_serving(tmp_path):
