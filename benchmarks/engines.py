@@ -178,12 +178,13 @@ class VLLM(PipePeer):
     every core (VLLM_CPU_OMP_THREADS_BIND=0-N; by default vLLM keeps one core for itself)."""
     name = "vllm"
 
-    def __init__(self, dtype: str = "float32"):
+    def __init__(self, dtype: str = "float32", model: str = None):
+        """model: another Hugging Face directory (without a tokenizer: the jobs are token ids)."""
         from benchmarks.peers.export_hf import export
 
         python, env = vllm_environment()
-        super().__init__([python, os.path.join(_ROOT, "benchmarks", "peers", "vllm_peer.py"), export(),
-                          "--dtype", dtype], env)
+        super().__init__([python, os.path.join(_ROOT, "benchmarks", "peers", "vllm_peer.py"), model or export(),
+                          "--dtype", dtype] + (["--skip_tokenizer"] if model else []), env)
 
 
 class LlamaCpp(PipePeer):

@@ -6,7 +6,8 @@ against the machine's read rate measured in the same run (a streaming sum over 1
     python -m benchmarks.moe_decode [--layers 4] [--dtype bfloat16] [--workload B1 W] [--rounds 3]
 
 The model is written once (safetensors, per-expert tensor names as transformers saves them) under
-~/.cache/rtp_llm/bench/. The peers' side (llama.cpp on a Q4_K_M copy, vLLM-CPU's MoE path) is not measured yet.
+~/.cache/rtp_llm/bench/. --vllm: vLLM-CPU's MoE path on the same safetensors (no tokenizer: token-id jobs) in
+alternating rounds. llama.cpp on a Q4_K_M copy is not measured yet.
 """
 
 from __future__ import annotations
@@ -87,33 +88,49 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--workload", nargs="+", default=["B1", "W"])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--vllm", action="store_true", help="vLLM-CPU's MoE path on the same safetensors beside it")
     args = ap.parse_args()
-    from benchmarks.engines import RtpLLM
+    from benchmarks.engines import VLLM, RtpLLM
     from benchmarks.workloads import WORKLOADS
     from rtp_llm.models.default_model import default_model_path
 
     # the embedded model's tokenizer: the workloads' token ids are below its 49,152
-    engine = RtpLLM(dtype=args.dtype, model=model_dir(args.layers), tokenizer=default_model_path(),
-                    max_model_len=512, kv_cache_memory_gb=0.5)
+    engines = {"rtp_llm": RtpLLM(dtype=args.dtype, model=model_dir(args.layers), tokenizer=default_model_path(),
+                                 max_model_len=512, kv_cache_memory_gb=0.5)}
+    if args.vllm:
+        engines["vllm"] = VLLM(dtype=args.dtype, model=model_dir(args.layers))
     rate = read_rate_gbs()
     item = 2 if args.dtype == "bfloat16" else 4
-    for name in args.workload:
-        w = WORKLOADS[name]
-        prompts = w.prompts(vocab_size=49152)
-        engine.run(prompts[:1], 2)  # warm-up
-        tpots, tps = [], []
-        for _ in range(args.rounds):
-            tokens, total, extra = engine.run(prompts, w.new_tokens)
-            n = sum(len(t) for t in tokens)
-            tps.append(n / total)
-            tpots.append((total - extra["ttft_s"]) / (w.new_tokens - 1) * 1e3)
-        line = (f"{name} {args.dtype} {args.layers} layers: output tok/s {min(tps):.1f} / {statistics.median(tps):.1f}"
-                f" / {max(tps):.1f}, TPOT ms {min(tpots):.2f} / {statistics.median(tpots):.2f} / {max(tpots):.2f}")
-        if name == "B1":
-            step = b1_step_bytes(args.layers, item)
-            line += (f"; a step reads {step / 1e6:.0f} MB: {step / statistics.median(tpots) / 1e6:.1f} GB/s at the "
-                     f"median TPOT against the machine's {rate:.1f} GB/s streaming read")
-        print(line, flush=True)
+    try:
+        for name in args.workload:
+            w = WORKLOADS[name]
+            prompts = w.prompts(vocab_size=49152)
+            for engine in engines.values():
+                engine.run(prompts[:1], 2)  # warm-up
+            tpots = {e: [] for e in engines}
+            tps = {e: [] for e in engines}
+            for r in range(args.rounds):  # alternating rounds
+                for e in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
+                    tokens, total, extra = engines[e].run(prompts, w.new_tokens)
+                    tps[e].append(sum(len(t) for t in tokens) / total)
+                    tpots[e].append((total - (extra["ttft_s"] or 0)) / (w.new_tokens - 1) * 1e3)
+            for e in engines:
+                t, p = tpots[e], tps[e]
+                line = (f"{name} {args.dtype} {args.layers} layers, {e}: output tok/s {min(p):.1f} / "
+                        f"{statistics.median(p):.1f} / {max(p):.1f}, TPOT ms {min(t):.2f} / {statistics.median(t):.2f}"
+                        f" / {max(t):.2f}")
+                if name == "B1":
+                    step = b1_step_bytes(args.layers, item)
+                    line += (f"; a step reads {step / 1e6:.0f} MB: {step / statistics.median(t) / 1e6:.1f} GB/s at "
+                             f"the median TPOT against the machine's {rate:.1f} GB/s streaming read")
+                print(line, flush=True)
+            if args.vllm:
+                print(f"{name}: rtp_llm / vllm output tok/s (medians) "
+                      f"{statistics.median(tps['rtp_llm']) / statistics.median(tps['vllm']):.2f}x", flush=True)
+    finally:
+        for engine in engines.values():
+            if hasattr(engine, "close"):
+                engine.close()
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ imports rtp_llm, and talks to the harness over stdin/stdout: one JSON job per in
 ({"prompts": [[token ids]], "new_tokens": N}, with --adapters also "adapters": [index into them, or null per
 prompt]), one result line per job, prefixed with RESULT_MARK because vLLM logs to stdout too.
 
-    .venv-vllm/bin/python benchmarks/peers/vllm_peer.py MODEL_DIR [--dtype float32] [--adapters DIR... --max_lora_rank R]
+    .venv-vllm/bin/python benchmarks/peers/vllm_peer.py MODEL_DIR [--dtype float32] [--skip_tokenizer]
+        [--adapters DIR... --max_lora_rank R]
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def main() -> None:
     ap.add_argument("--max_num_batched_tokens", type=int, default=4096)
     ap.add_argument("--adapters", nargs="*", default=[], help="LoRA adapter directories (benchmarks/lora_decode.py)")
     ap.add_argument("--max_lora_rank", type=int, default=16)
+    ap.add_argument("--skip_tokenizer", action="store_true", help="a model directory without a tokenizer")
     args = ap.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -33,7 +35,8 @@ def main() -> None:
         else {}
     # The same limits as rtp_llm's benchmark engine; prefix caching off because rounds repeat prompts.
     llm = LLM(model=args.model, dtype=args.dtype, max_model_len=2048, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=False, seed=0, **lora)
+              max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=False, seed=0,
+              skip_tokenizer_init=args.skip_tokenizer, **lora)
     adapters = []
     if args.adapters:
         from vllm.lora.request import LoRARequest
@@ -43,7 +46,7 @@ def main() -> None:
     for line in sys.stdin:
         job = json.loads(line)
         params = SamplingParams(max_tokens=job["new_tokens"], min_tokens=job["new_tokens"], temperature=0,
-                                ignore_eos=True)
+                                ignore_eos=True, detokenize=not args.skip_tokenizer)
         prompts = [TokensPrompt(prompt_token_ids=p) for p in job["prompts"]]
         t0 = time.perf_counter()
         loras = [None if a is None else adapters[a] for a in job["adapters"]] if "adapters" in job else None
