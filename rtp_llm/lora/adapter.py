@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from rtp_llm.errors import LoRAError
-from rtp_llm.lora.gguf_adapter import is_gguf_adapter, read_gguf_adapter
+from rtp_llm.lora.gguf_adapter import read_gguf_adapter
 
 # PEFT's module names -> (the fused layer that holds it, which slice of that layer's output)
 MODULES = {"q_proj": ("qkv", 0), "k_proj": ("qkv", 1), "v_proj": ("qkv", 2), "o_proj": ("o", 0),
@@ -51,7 +51,7 @@ class LoRAAdapter:
     def load(cls, request: LoRARequest, model_config, max_rank: int) -> "LoRAAdapter":
         """A PEFT adapter directory, or llama.cpp's GGUF adapter (a .gguf file): read, then checked the same way."""
         name, path = request.lora_name, request.lora_path
-        if is_gguf_adapter(path):
+        if path.endswith(".gguf"):  # a PEFT adapter is a directory
             pairs, alpha = read_gguf_adapter(path, name, model_config)
             scale = (lambda r: alpha / r) if alpha else (lambda r: 1.0)  # llama.cpp's rule
         else:

@@ -23,17 +23,6 @@ _MODULE = {"attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_out
 _TENSOR = re.compile(r"^blk\.(\d+)\.(\w+)\.weight\.lora_([ab])$")
 
 
-def is_gguf_adapter(path: str) -> bool:
-    """A .gguf path, or any file starting with GGUF's magic (a PEFT adapter is a directory)."""
-    if path.endswith(".gguf"):
-        return True
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == b"GGUF"
-    except OSError:
-        return False
-
-
 def read_gguf_adapter(path: str, name: str, model_config) -> tuple[dict, float]:
     """((layer, PEFT module) -> {"A": [r, in], "B": [out, r]} float32, alpha), or LoRAError naming
     the problem."""
