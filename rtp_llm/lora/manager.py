@@ -53,10 +53,10 @@ class LoRAManager:
         self.retiring: set[str] = set()  # unloaded while requests still ran with them
         self.loads = 0  # adapters added so far: each load's prefix-cache key (a reused id must not hit the old KV)
         self.cache_keys: dict[int, int] = {}
-        self.told: dict[int, tuple[str, str]] = {}
+        self.told: dict[int, tuple[str, str]] = {}  # tensor parallelism: what the other ranks know of each id
         self.loading: dict[tuple[int, str], Future] = {}  # (id, path) -> its load on the loader thread
         self.in_use: set[int] = set()  # ids the engine's requests run with (admit adds, sweep resets)
-        self._pool: Optional[ThreadPoolExecutor] = None  # tensor parallelism: what the other ranks know of each id
+        self._pool: Optional[ThreadPoolExecutor] = None  # the loader thread, started at the first read
 
     @classmethod
     def for_engine(cls, config, model, pooling: bool, device) -> Optional["LoRAManager"]:
