@@ -130,12 +130,18 @@ def test_a_function_call_round_trip(tools_server):
 
 
 def test_forced_call_streams_its_arguments(tools_server):
-    events = list(client_of(tools_server).responses.create(
-        model="tiny", input="Weather?", tools=RESPONSE_TOOLS, max_output_tokens=60, temperature=0, stream=True,
-        tool_choice={"type": "function", "name": "get_weather"}))
-    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
-    done = next(e for e in events if e.type == "response.function_call_arguments.done")
-    assert len(deltas) >= 2 and "".join(deltas) == done.arguments
+    # A route that lags behind the engine (a loaded machine) gets several steps' tokens merged into one output, so
+    # one run may carry the arguments in one delta; a route that never streams them fails all three runs.
+    for _ in range(3):
+        events = list(client_of(tools_server).responses.create(
+            model="tiny", input="Weather?", tools=RESPONSE_TOOLS, max_output_tokens=60, temperature=0, stream=True,
+            tool_choice={"type": "function", "name": "get_weather"}))
+        deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+        done = next(e for e in events if e.type == "response.function_call_arguments.done")
+        assert "".join(deltas) == done.arguments
+        if len(deltas) >= 2:
+            break
+    assert len(deltas) >= 2
     jsonschema.validate(json.loads(done.arguments), SCHEMAS["get_weather"])
     final = events[-1].response.output[0]
     assert final.type == "function_call" and final.arguments == done.arguments and final.name == "get_weather"

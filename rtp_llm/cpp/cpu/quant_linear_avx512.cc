@@ -24,6 +24,12 @@
 
 #include "rtp_llm/cpp/cpu/vec/avx512.h"
 
+// quant_codecs.h's templates, compiled here for RTP_AVX512's instruction set
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")
+#include "rtp_llm/cpp/cpu/quant_codecs.h"
+#pragma GCC pop_options
+
 namespace rtp_llm {
 namespace {
 
@@ -37,200 +43,66 @@ constexpr int64_t kDirectRows = kQuantDirectRows;  // up to this many rows, vect
 // 6-12% faster on a 49,152-row LM head, benchmarks/README.md.)
 constexpr int kDirectGroups = 4;
 constexpr int64_t kRowChunk = 192;   // rows per decoded panel on the panel path (panel_linear.cc's chunk)
-constexpr int64_t kLongStream = 32 * 1024;  // a group's bytes (all of K) from which the few-row path prefetches within it
+// a group's bytes (all of K) from which the few-row path prefetches within it
+constexpr int64_t kLongStream = 32 * 1024;
 
-RTP_AVX512 inline __m512 halves16(const uint8_t* p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-RTP_AVX512 inline __m512i bytes16(const uint8_t* p) {
-    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-RTP_AVX512 inline __mmask16 mask_at(const uint8_t* p) {
-    uint16_t bits;
-    std::memcpy(&bits, p, 2);
-    return static_cast<__mmask16>(bits);
-}
-
-// A group-block decodes in sections (those sharing their scales: the whole block, a k-quant's sub-block of 32, a
-// Q6_K scale's 16 elements), each in units (the elements one load of quant bytes gives: 2 for a nibble byte, 4 for
-// a Q6_K high-bits byte, 8 or 4 for a slot word of nibbles or bytes). Codec<F>::scales(g, s) gives section s's
-// scale vectors, unit(g, sc, s, u, emit) calls emit(e, v) for the unit's elements in order: v = element e's 16
-// rows (lanes), each exactly quant::packed_value's float32. The few-row path interleaves units of several groups (so that their FMA
-// chains overlap); the panel path runs them in order.
-struct Scales {
-    __m512 a, b;
+// quant_codecs.h's vector operations on 16 lanes: a group-block's 16 rows at once (part h is always 0).
+struct Lanes16 {
+    using F = __m512;
+    using I = __m512i;
+    RTP_AVX512 static F halves(const uint8_t* p, int) {
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    }
+    RTP_AVX512 static I bytes(const uint8_t* p, int) {
+        return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    }
+    RTP_AVX512 static I sbytes(const uint8_t* p, int) {
+        return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    }
+    RTP_AVX512 static I words(const uint8_t* p, int) { return _mm512_loadu_si512(p); }
+    RTP_AVX512 static F set1(float x) { return _mm512_set1_ps(x); }
+    RTP_AVX512 static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+    RTP_AVX512 static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+    RTP_AVX512 static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+    RTP_AVX512 static F fmsub(F a, F b, F c) { return _mm512_fmsub_ps(a, b, c); }
+    RTP_AVX512 static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
+    RTP_AVX512 static I and_(I v, int m) { return _mm512_and_si512(v, _mm512_set1_epi32(m)); }
+    template <int by>
+    RTP_AVX512 static I rotl(I v) {
+        return _mm512_rol_epi32(v, by);
+    }
+    template <int by>
+    RTP_AVX512 static I srli(I v) {
+        return _mm512_srli_epi32(v, by);
+    }
+    template <int by>
+    RTP_AVX512 static I slli(I v) {
+        return _mm512_slli_epi32(v, by);
+    }
+    // (v & mask) | exponent in one instruction (0xEA: (A & B) | C)
+    RTP_AVX512 static F mask_or(I v, int mask, int exponent) {
+        return _mm512_castsi512_ps(
+            _mm512_ternarylogic_epi32(v, _mm512_set1_epi32(mask), _mm512_set1_epi32(exponent), 0xEA));
+    }
+    RTP_AVX512 static __mmask16 mask_at(const uint8_t* p) {
+        uint16_t bits;
+        std::memcpy(&bits, p, 2);
+        return static_cast<__mmask16>(bits);
+    }
+    RTP_AVX512 static F add_one_where(F v, const uint8_t* bits, int) {
+        return _mm512_mask_add_ps(v, mask_at(bits), v, _mm512_set1_ps(1.f));
+    }
+    RTP_AVX512 static I or16_where(I q, const uint8_t* bits, int) {
+        return _mm512_mask_or_epi32(q, mask_at(bits), q, _mm512_set1_epi32(16));
+    }
+    // a | (b & m) in one instruction (0xF8: A | (B & C))
+    RTP_AVX512 static I or_masked(I a, I b, int m) {
+        return _mm512_ternarylogic_epi32(a, b, _mm512_set1_epi32(m), 0xF8);
+    }
 };
 
 template <Format F>
-struct Codec;
-
-// Q8_0: slot words of bytes (quant_packed.h), a unit per word: the word and it rotated by 16 hold two elements'
-// q + 128 each at bits 15 and 7; (word & the byte) | the exponent of 2^(15 - p) is 2^(15 - p) + (q + 128) / 256,
-// and 256 d times that plus c_p (-384 d, -65664 d) is d q exactly.
-template <>
-struct Codec<Format::kQ8_0> {
-    static constexpr quant::PackedLayout L = packed_layout(Format::kQ8_0);
-    static constexpr int kSections = 1, kUnits = 8;
-    using Scales = rtp_llm::Scales;  // a: 256 d; b: -384 d (c at bit 15), c at bit 7 made from it
-    RTP_AVX512 static Scales scales(const uint8_t* g, int) {
-        const __m512 d = halves16(g + L.d);
-        return {_mm512_mul_ps(d, _mm512_set1_ps(256.f)), _mm512_mul_ps(d, _mm512_set1_ps(-384.f))};
-    }
-    template <typename Emit>
-    RTP_AVX512 static __attribute__((always_inline)) inline void unit(const uint8_t* g, const Scales& sc, int, int u,
-                                                                      Emit&& emit) {
-        const __m512i w = _mm512_loadu_si512(g + L.q + 64 * u);
-        const __m512i rotated[2] = {w, _mm512_rol_epi32(w, 16)};
-        // -65664 d = 171 (-384 d): exact (d has 11 significant bits, 171 eight)
-        const __m512 c7 = _mm512_mul_ps(sc.b, _mm512_set1_ps(171.f));
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; ++i) {
-            const int j = i % 2;  // slot: bit 15 - 8 j, exponent 127 + 8 j
-            const __m512i f = _mm512_ternarylogic_epi32(rotated[i / 2], _mm512_set1_epi32(0xFF << (15 - 8 * j)),
-                                                        _mm512_set1_epi32((127 + 8 * j) << 23), 0xEA);
-            emit(4 * u + i, _mm512_fmadd_ps(sc.a, _mm512_castsi512_ps(f), j ? c7 : sc.b));
-        }
-    }
-};
-
-// Q4_0, Q4_1, Q5_0: slot words (quant_packed.h; Q5_0's fifth bits stored beside them), a unit per word: the word,
-// and it rotated left by 12 and by 24, hold its 8 elements' nibbles at bits 19, 15, 11 (3, 3, 2). (word & the
-// nibble) | the exponent of 2^(19 - p) is the float 2^(19 - p) + q / 16, so one scale 16 d serves every slot:
-// 16 d f + c_p = d q + m exactly before the one rounding, with c_p = m - d 2^(23 - p) (Q4_0: -8 d - d 2^(23 - p);
-// Q5_0: -16 d - d 2^(23 - p), its fifth bit adding 1 to f).
-struct SlotScales {
-    __m512 d16, c[3];
-};
-
-template <Format F>
-struct SlotCodec {
-    static constexpr quant::PackedLayout L = packed_layout(F);
-    static constexpr int kSections = 1, kUnits = 4;
-    using Scales = SlotScales;
-    RTP_AVX512 static Scales scales(const uint8_t* g, int) {
-        const __m512 d = halves16(g + L.d);
-        Scales sc;
-        sc.d16 = _mm512_mul_ps(d, _mm512_set1_ps(16.f));
-        for (int j = 0; j < 3; ++j) {
-            const float step = static_cast<float>(1 << quant::kSlotShift[j]);
-            if constexpr (F == Format::kQ4_1) {  // m - d 2^s: exact, or quant_pack made the tensor Q5_1
-                sc.c[j] = _mm512_sub_ps(halves16(g + L.m), _mm512_mul_ps(d, _mm512_set1_ps(step)));
-            } else {  // -(8 + 2^s) d, Q5_0 -(16 + 2^s) d: exact (at most 21 significant bits)
-                sc.c[j] = _mm512_mul_ps(d, _mm512_set1_ps(-((F == Format::kQ5_0 ? 16.f : 8.f) + step)));
-            }
-        }
-        return sc;
-    }
-    template <typename Emit>
-    RTP_AVX512 static __attribute__((always_inline)) inline void unit(const uint8_t* g, const Scales& sc, int, int u,
-                                                                      Emit&& emit) {
-        const __m512i w = _mm512_loadu_si512(g + L.q + 64 * u);
-        const __m512i rotated[3] = {w, _mm512_rol_epi32(w, 12), _mm512_rol_epi32(w, 24)};
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i) {
-            const int j = i % 3;  // slot: bit 19 - 4 j, exponent 127 + 4 j
-            const __m512i f = _mm512_ternarylogic_epi32(rotated[i / 3], _mm512_set1_epi32(0xF << (19 - 4 * j)),
-                                                        _mm512_set1_epi32((127 + 4 * j) << 23), 0xEA);
-            __m512 v = _mm512_castsi512_ps(f);
-            // Q5_0's fifth bit: + 16 / 16, exact (v's lowest bit is 2^-4 and it stays below 2^8)
-            if constexpr (F == Format::kQ5_0)
-                v = _mm512_mask_add_ps(v, mask_at(g + L.fifth + 2 * (8 * u + i)), v, _mm512_set1_ps(1.f));
-            emit(8 * u + i, _mm512_fmadd_ps(sc.d16, v, sc.c[j]));
-        }
-    }
-};
-
-template <>
-struct Codec<Format::kQ4_0> : SlotCodec<Format::kQ4_0> {};
-template <>
-struct Codec<Format::kQ4_1> : SlotCodec<Format::kQ4_1> {};
-template <>
-struct Codec<Format::kQ5_0> : SlotCodec<Format::kQ5_0> {};
-
-// Q5_1, Q4_K, Q5_K: one section (the k-quants: 8), 16 nibble bytes of two elements each.
-template <Format F>
-struct Codec {
-    static_assert(F == Format::kQ5_1 || F == Format::kQ4_K || F == Format::kQ5_K,
-                  "the nibble formats");
-    using Scales = rtp_llm::Scales;
-    static constexpr bool kK = F == Format::kQ4_K || F == Format::kQ5_K;
-    static constexpr bool kFive = F == Format::kQ5_0 || F == Format::kQ5_1 || F == Format::kQ5_K;
-    static constexpr bool kMin = F == Format::kQ4_1 || F == Format::kQ5_1;
-    static constexpr quant::PackedLayout L = packed_layout(F);
-    static constexpr int kSections = kK ? 8 : 1, kUnits = 16;
-    RTP_AVX512 static Scales scales(const uint8_t* g, int s) {
-        if constexpr (kK) {  // d * sc, dmin * m
-            return {_mm512_mul_ps(halves16(g + L.d), _mm512_cvtepi32_ps(bytes16(g + L.sc + 16 * s))),
-                    _mm512_mul_ps(halves16(g + L.m), _mm512_cvtepi32_ps(bytes16(g + L.mn + 16 * s)))};
-        } else if constexpr (kMin) {
-            return {halves16(g + L.d), halves16(g + L.m)};
-        } else {  // d, and the offset's product -8 d (-16 d): exact, a power of two
-            const __m512 d = halves16(g + L.d);
-            return {d, _mm512_mul_ps(d, _mm512_set1_ps(kFive ? -16.f : -8.f))};
-        }
-    }
-    template <typename Emit>
-    RTP_AVX512 static __attribute__((always_inline)) inline void unit(const uint8_t* g, const Scales& sc, int s, int u,
-                                                                      Emit&& emit) {
-        const int e0 = 32 * s + 2 * u;
-        const __m512i bytes = bytes16(g + L.q + 8 * e0);
-        __m512i q[2] = {_mm512_and_si512(bytes, _mm512_set1_epi32(0x0F)), _mm512_srli_epi32(bytes, 4)};
-        // Every product below is exact (d: 11 significant bits, d sc: 17, q: 5 or 6), so one fused rounding gives
-        // gguf's value; only an exact zero may come out as +0 where gguf has -0 (d < 0), which no FMA chain from
-        // +0 can tell apart.
-        for (int h = 0; h < 2; ++h) {
-            __m512 v;
-            if constexpr (kK) {  // (d sc) q - dmin m
-                if constexpr (kFive)
-                    q[h] = _mm512_mask_or_epi32(q[h], mask_at(g + L.fifth + 2 * (e0 + h)), q[h], _mm512_set1_epi32(16));
-                v = _mm512_fmsub_ps(sc.a, _mm512_cvtepi32_ps(q[h]), sc.b);
-            } else if constexpr (kMin) {  // d q + m
-                if constexpr (kFive)
-                    q[h] = _mm512_mask_or_epi32(q[h], mask_at(g + L.fifth + 2 * (e0 + h)), q[h], _mm512_set1_epi32(16));
-                v = _mm512_fmadd_ps(sc.a, _mm512_cvtepi32_ps(q[h]), sc.b);
-            } else {  // d (q - 8 or 16) = d nibble - 8 d (- 16 d where the fifth bit is clear)
-                __m512 off = sc.b;
-                if constexpr (kFive) off = _mm512_mask_mov_ps(off, mask_at(g + L.fifth + 2 * (e0 + h)), _mm512_setzero_ps());
-                v = _mm512_fmadd_ps(sc.a, _mm512_cvtepi32_ps(q[h]), off);
-            }
-            emit(e0 + h, v);
-        }
-    }
-};
-
-template <>
-struct Codec<Format::kQ6_K> {
-    static constexpr quant::PackedLayout L = packed_layout(Format::kQ6_K);
-    using Scales = rtp_llm::Scales;
-    static constexpr int kSections = 16, kUnits = 4;  // 16 elements per scale, 4 per high-bits byte
-    RTP_AVX512 static Scales scales(const uint8_t* g, int t) {
-        const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + L.sc + 16 * t)));
-        const __m512 dsc = _mm512_mul_ps(halves16(g + L.d), _mm512_cvtepi32_ps(sc));
-        return {dsc, _mm512_mul_ps(dsc, _mm512_set1_ps(-32.f))};  // -32 d sc: exact, a power of two
-    }
-    template <typename Emit>
-    RTP_AVX512 static __attribute__((always_inline)) inline void unit(const uint8_t* g, const Scales& sc, int t, int u,
-                                                                      Emit&& emit) {
-        const int e0 = 16 * t + 4 * u;
-        const __m512i high = bytes16(g + L.hi + 4 * e0);
-        for (int p = 0; p < 2; ++p) {
-            const __m512i bytes = bytes16(g + L.q + 8 * (e0 + 2 * p));
-            for (int h = 0; h < 2; ++h) {
-                const int j = 2 * p + h;  // the element's bits 4-5: high's bits 2j, 2j + 1, moved to 4-5
-                const __m512i lo = h ? _mm512_srli_epi32(bytes, 4) : _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F));
-                const __m512i moved = j < 2 ? _mm512_slli_epi32(high, 4 - 2 * j)
-                                            : (j == 2 ? high : _mm512_srli_epi32(high, 2));
-                // lo | (moved & 0x30) in one instruction (0xF8: A | (B & C))
-                const __m512i q = _mm512_ternarylogic_epi32(lo, moved, _mm512_set1_epi32(0x30), 0xF8);
-                // d sc (q - 32) rounded once either way: d sc q - 32 d sc is the same exact value (the fused form
-                // saves the subtraction; an exact zero may come out +0 for -0, as above)
-                emit(e0 + 2 * p + h, _mm512_fmadd_ps(sc.a, _mm512_cvtepi32_ps(q), sc.b));
-            }
-        }
-    }
-};
+using Codec = quant::Codec<Lanes16, F>;
 
 // M rows (M <= kDirectRows) against G consecutive groups from w (each group's blocks at group_bytes apart),
 // decoded in registers: acc[r][q] lane l = output 16 q + l. The G groups at `ahead` (null: none) are requested
@@ -260,10 +132,10 @@ RTP_AVX512 __attribute__((always_inline)) inline void direct_sums(const uint8_t*
                 for (int i = s * kLinesPerSection; i < std::min(kLinesPerBlock, (s + 1) * kLinesPerSection); ++i)
                     __builtin_prefetch(ahead + q * group_bytes + b * L.bytes + 64 * i, 0, 2);
             typename C::Scales sc[G];
-            for (int q = 0; q < G; ++q) sc[q] = C::scales(w + q * group_bytes + b * L.bytes, s);
+            for (int q = 0; q < G; ++q) sc[q] = C::scales(w + q * group_bytes + b * L.bytes, s, 0);
             for (int u = 0; u < C::kUnits; ++u) {
                 for (int q = 0; q < G; ++q) {
-                    C::unit(w + q * group_bytes + b * L.bytes, sc[q], s, u, [&](int e, __m512 v) RTP_AVX512 {
+                    C::unit(w + q * group_bytes + b * L.bytes, sc[q], s, u, 0, [&](int e, __m512 v) RTP_AVX512 {
                         for (int r = 0; r < M; ++r)
                             acc[r][q] = _mm512_fmadd_ps(v, _mm512_set1_ps(xb[r * k + e]), acc[r][q]);
                     });
@@ -367,9 +239,9 @@ __attribute__((noipa)) RTP_AVX512 void decode_panel(const uint8_t* w, int64_t gr
             const uint8_t* gb = w + g * group_bytes + b * packed_layout(F).bytes;
             float* dst = scratch + 16 * (g - g0) + b * kE * kPanelCols;
             for (int s = 0; s < C::kSections; ++s) {
-                const auto sc = C::scales(gb, s);
+                const auto sc = C::scales(gb, s, 0);
                 for (int u = 0; u < C::kUnits; ++u)
-                    C::unit(gb, sc, s, u,
+                    C::unit(gb, sc, s, u, 0,
                             [&](int e, __m512 v) RTP_AVX512 { _mm512_storeu_ps(dst + e * kPanelCols, v); });
             }
         }
@@ -462,9 +334,9 @@ __attribute__((noipa)) RTP_AVX512_BF16 void decode_pair_panel(const uint8_t* w, 
             uint32_t* dst = scratch + 16 * (g - g0) + b * (kE / 2) * kPanelCols;
             __m512 even = _mm512_setzero_ps();  // element 2i, until 2i + 1 comes
             for (int s = 0; s < C::kSections; ++s) {
-                const auto sc = C::scales(gb, s);
+                const auto sc = C::scales(gb, s, 0);
                 for (int u = 0; u < C::kUnits; ++u)
-                    C::unit(gb, sc, s, u, [&](int e, __m512 v) RTP_AVX512_BF16 {
+                    C::unit(gb, sc, s, u, 0, [&](int e, __m512 v) RTP_AVX512_BF16 {
                         if ((e & 1) == 0) {
                             even = v;
                             return;
@@ -518,9 +390,9 @@ __attribute__((noipa)) RTP_AVX512 void packed_row(const uint8_t* w, int64_t k, i
     for (int64_t b = 0; b < k / kE; ++b) {
         const uint8_t* gb = g + b * packed_layout(F).bytes;
         for (int s = 0; s < C::kSections; ++s) {
-            const auto sc = C::scales(gb, s);
+            const auto sc = C::scales(gb, s, 0);
             for (int u = 0; u < C::kUnits; ++u)
-                C::unit(gb, sc, s, u, [&](int e, __m512 v) RTP_AVX512 {
+                C::unit(gb, sc, s, u, 0, [&](int e, __m512 v) RTP_AVX512 {
                     _mm512_mask_compressstoreu_ps(out + b * kE + e, lane, v);
                 });
         }
