@@ -69,9 +69,10 @@ def describe(exc: BaseException, request_ids) -> str:
 
 
 def fail_step(core, sched, exc: Exception) -> list:
-    """A failed step (EngineCore.step): each of its requests runs alone (Scheduler.subset): the ones that pass go on
-    (a request's own input made the step fail, not theirs), the ones that fail again end with the layered error. With
-    speculation or tensor parallelism on, or a step of one request, every request of the step ends with it."""
+    """A failed step (EngineCore.step): each of its requests runs alone (Scheduler.subset), drafts and all: the ones
+    that pass go on (a request's own input made the step fail, not theirs), the ones that fail again end with the
+    layered error. With tensor parallelism on (the workers may have stopped inside a collective), or a step of one
+    request, every request of the step ends with it."""
     from rtp_llm.engine.sequence import FinishReason
     from rtp_llm.errors import TPWorkerError
 
@@ -79,7 +80,7 @@ def fail_step(core, sched, exc: Exception) -> list:
     for x in sched.scheduled:
         by_request.setdefault(x.seq.request, []).append(x)
     log.error("%s", describe(exc, [r.request_id for r in by_request]), exc_info=exc)
-    if len(by_request) == 1 or core.speculator is not None or core.tp_runtime is not None:
+    if len(by_request) == 1 or core.tp_runtime is not None:
         for req in by_request:
             if req.request_id in core.requests:
                 core.abort(req.request_id, FinishReason.ERROR, describe(exc, [req.request_id]))

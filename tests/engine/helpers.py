@@ -91,3 +91,12 @@ def run_all(engine: Driver, arrivals: list[tuple[int, str, list[int], SamplingPa
 
 def greedy(max_tokens, **kw):
     return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, **kw)
+
+
+def repetitive(rng, n):
+    """A prompt that repeats phrases, so its own n-grams predict the continuation now and then."""
+    phrases = [[rng.randrange(3, 250) for _ in range(rng.randrange(2, 6))] for _ in range(4)]
+    out = []
+    while len(out) < n:
+        out += rng.choice(phrases)
+    return out[:n]

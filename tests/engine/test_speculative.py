@@ -11,7 +11,7 @@ import pytest
 from rtp_llm.config.speculative_config import SpeculativeConfig
 from rtp_llm.sampling import SamplingParams
 from rtp_llm.spec_decode.ngram import ngram_drafts
-from tests.engine.helpers import Tiny, run_all
+from tests.engine.helpers import Tiny, repetitive, run_all
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
          "disable_by_batch_size": 64}  # every step speculates
@@ -123,18 +123,9 @@ def tiny(request, tmp_path_factory):
     return Tiny(tmp_path_factory.mktemp(f"tiny_{request.param}"), dtype=request.param, device_ops=True)
 
 
-def _repetitive(rng, n):
-    """A prompt that repeats phrases, so its own n-grams predict the continuation now and then."""
-    phrases = [[rng.randrange(3, 250) for _ in range(rng.randrange(2, 6))] for _ in range(4)]
-    out = []
-    while len(out) < n:
-        out += rng.choice(phrases)
-    return out[:n]
-
-
 def _workload():
     rng = random.Random(7)
-    prompts = [_repetitive(rng, n) for n in (37, 12, 60, 25, 44)]
+    prompts = [repetitive(rng, n) for n in (37, 12, 60, 25, 44)]
     shared = prompts[2][:40]
     p = lambda **kw: SamplingParams(max_tokens=40, ignore_eos=True, logprobs=3, **kw)  # noqa: E731
     return [
@@ -192,7 +183,7 @@ def test_speculation_under_preemption(tiny):
 
 
 def test_stop_string_inside_an_accepted_run(tiny):
-    prompt = _repetitive(random.Random(2), 50)  # its greedy continuation falls into a loop n-grams predict
+    prompt = repetitive(random.Random(2), 50)  # its greedy continuation falls into a loop n-grams predict
     base = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     free = run_all(tiny.engine(), [(0, "r", prompt, base)])["r"].outputs[0].text
     # a stop string first seen late in the text, where the loop's drafts are being accepted
@@ -215,7 +206,7 @@ def test_structured_output_under_speculation(tiny, drafts, proposer):
     # grammar refuses are cut before verification.
     params = SamplingParams(max_tokens=40, temperature=0.9, seed=2, logprobs=2,
                             structured_outputs={"regex": "((ab|cd|ef) ){3,12}"})
-    prompt = _repetitive(random.Random(5), 30)
+    prompt = repetitive(random.Random(5), 30)
     plain = run_all(tiny.engine(), [(0, "r", prompt, params)])["r"].outputs[0]
     spec = NGRAM if proposer == "ngram" else {"method": "draft_model", "model": drafts["same"],
                                               "num_speculative_tokens": 3, "dtype": "bfloat16"}
@@ -362,7 +353,7 @@ def test_draft_model_reads_the_prompt_with_the_target(tiny, drafts):
     its first decode step drafts at once."""
     spec = {"method": "draft_model", "model": drafts["same"], "num_speculative_tokens": 3}
     engine = tiny.engine(speculative_config=spec)
-    prompt = _repetitive(random.Random(9), 40)
+    prompt = repetitive(random.Random(9), 40)
     engine.add_request("r", prompt, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
     while not engine.step():
         pass
