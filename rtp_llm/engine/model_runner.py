@@ -161,9 +161,13 @@ class ModelRunner:
             if logits is not None:
                 return logits
         h = self.model(batch, self.kv, self.attn)
-        if greedy and self.model.has_greedy_head:
+        observer = self.model.observer  # an observed step reports its logits (rtp_llm/tools/compare.py)
+        if greedy and self.model.has_greedy_head and observer is None:
             return GreedyTokens(self.model.greedy_token_ids(h))
-        return self.model.compute_logits(h)
+        logits = self.model.compute_logits(h)
+        if observer is not None:
+            observer("logits", logits)
+        return logits
 
     @staticmethod
     def _greedy_step(sched: SchedulerOutput) -> bool:

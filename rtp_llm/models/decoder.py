@@ -319,15 +319,14 @@ class DecoderLM(nn.Module):
         h = self.norm.add(x, residual)[0]
         if self.observer is not None:
             self.observer("norm", h)
-            if self.tp is None:  # under tensor parallelism the gather is a collective every rank must join
-                self.observer("logits", self.compute_logits(h))
         return h
 
     def observe(self, observer) -> None:
         """observer(name, tensor) gets every forward's outputs in model order: embedding, then per layer
         layers.N.attention (after o_proj), layers.N.mlp, layers.N.residual (the hidden state the next layer takes),
-        then norm (the rows that need logits) and, without tensor parallelism, logits; None stops. Unobserved, a forward pays one branch per
-        layer."""
+        then norm (the rows that need logits), and from the model runner the logits it computes from them (under
+        tensor parallelism after their gather, which every rank joins); None stops. Unobserved, a forward pays one
+        branch per layer."""
         self.observer = observer
         for layer in self.layers:
             layer.observer = observer
