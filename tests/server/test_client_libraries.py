@@ -1,6 +1,7 @@
 """What real client libraries send and expect (the openai SDK, the OpenAI Agents SDK, LangChain, instructor,
-pydantic-ai, vLLM's own clients), each as the request body that library sends, against real servers: the embedded
-default model (its own template cannot show tools) and a tiny random model with a Hermes tool template."""
+pydantic-ai, LlamaIndex, LiteLLM, vLLM's own clients), each as the request body that library sends, against real
+servers: the embedded default model (its own template cannot show tools) and a tiny random model with a Hermes tool
+template."""
 
 import json
 import os
@@ -259,13 +260,18 @@ def test_what_each_library_sends_gets_what_it_reads(tools_server, recorded):
         body["max_output_tokens"] = body.pop("max_tokens")
     tool_schemas = {(t.get("function") or t)["name"]: (t.get("function") or t)["parameters"]
                     for t in body.get("tools", [])}
-    if body.get("stream"):  # instructor's partial objects: the forced call's arguments arrive in pieces
+    if body.get("stream"):
         events = _sse_events(tools_server, path, body)
+        finish = [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]]
+        if not isinstance(body.get("tool_choice"), dict):  # a streamed answer (LlamaIndex, LiteLLM): text deltas
+            text = "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
+            assert text and finish in (["stop"], ["length"])
+            return
+        # instructor's partial objects: the forced call's arguments arrive in pieces
         pieces = [tc["function"]["arguments"] for e in events for c in e["choices"]
                   for tc in c["delta"].get("tool_calls") or [] if tc.get("function", {}).get("arguments")]
         assert len(pieces) >= 2
         name = body["tool_choice"]["function"]["name"]
-        finish = [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]]
         if finish == ["tool_calls"]:
             jsonschema.validate(json.loads("".join(pieces)), tool_schemas[name])
         return
@@ -285,6 +291,10 @@ def test_what_each_library_sends_gets_what_it_reads(tools_server, recorded):
         cut = choice.finish_reason == "length"
     if isinstance(body.get("tool_choice"), dict):  # instructor: the named call, always
         assert [n for n, _ in call_args] == [body["tool_choice"]["function"]["name"]]
+    if body.get("tool_choice") == "required":  # LlamaIndex's structured_predict: a call of a declared tool
+        assert call_args and all(n in tool_schemas for n, _ in call_args)
+    if body.get("parallel_tool_calls") is False:  # LlamaIndex asks for one call at most
+        assert len(call_args) <= 1
     for name, args in call_args:
         if not cut:
             jsonschema.validate(json.loads(args), tool_schemas[name])

@@ -1,10 +1,11 @@
 """Records the request bodies real client libraries send (the openai SDK, the OpenAI Agents SDK, instructor,
-LangChain, pydantic-ai) into bodies.json, for test_client_libraries.py to send to real servers. Not a test: run it
-by hand in a venv holding the libraries (none of them is a test dependency):
+LangChain, pydantic-ai, LlamaIndex, LiteLLM) into bodies.json, for test_client_libraries.py to send to real servers.
+Not a test: run it by hand in a venv holding the libraries (none of them is a test dependency):
 
     python -m venv /tmp/libvenv && /tmp/libvenv/bin/pip install openai-agents instructor langchain-openai \\
-        "pydantic-ai-slim[openai]"
-    /tmp/libvenv/bin/python tests/server/client_bodies/record.py
+        "pydantic-ai-slim[openai]" llama-index-llms-openai-like litellm
+    /tmp/libvenv/bin/python tests/server/client_bodies/record.py [openai instructor langchain pydantic-ai agents \\
+        llamaindex litellm]
 
 A local stub server answers each request with a minimal valid reply and keeps the body; each library is driven as
 its documentation shows, with the tools and output types of a weather agent."""
@@ -13,9 +14,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
+
+from pydantic import BaseModel
 
 BODIES: list[tuple[str, str, dict]] = []  # (library use, path, body)
 CURRENT = ["?"]
@@ -69,27 +73,25 @@ class Stub(BaseHTTPRequestHandler):
         pass
 
 
-def main() -> None:
-    server = HTTPServer(("127.0.0.1", 0), Stub)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_port}/v1"
-    from pydantic import BaseModel
+class Weather(BaseModel):
+    city: str
+    temperature_c: int
 
-    class Weather(BaseModel):
-        city: str
-        temperature_c: int
 
-    def get_weather(city: str) -> str:
-        """Current weather in a city."""
-        return "21 C"
+def get_weather(city: str) -> str:
+    """Current weather in a city."""
+    return "21 C"
 
-    def attempt(name, fn):
-        CURRENT[0] = name
-        try:
-            fn()
-        except Exception as exc:  # the stub's reply need not satisfy every library: the body is what counts
-            print(f"{name}: {type(exc).__name__}: {str(exc)[:120]}")
 
+def attempt(name, fn):
+    CURRENT[0] = name
+    try:
+        fn()
+    except Exception as exc:  # the stub's reply need not satisfy every library: the body is what counts
+        print(f"{name}: {type(exc).__name__}: {str(exc)[:120]}")
+
+
+def record_openai(base):
     import openai
 
     client = openai.OpenAI(base_url=base, api_key="x", max_retries=0)
@@ -97,22 +99,29 @@ def main() -> None:
         model="m", messages=[{"role": "user", "content": "Hi"}], temperature=None, top_p=None, n=None, stream=None,
         logprobs=None, presence_penalty=None, frequency_penalty=None, parallel_tool_calls=None))
 
-    import instructor
 
+def record_instructor(base):
+    import instructor
+    import openai
+
+    client = openai.OpenAI(base_url=base, api_key="x", max_retries=0)
     attempt("instructor, TOOLS mode", lambda: instructor.from_openai(client).chat.completions.create(
         model="m", response_model=Weather, max_retries=0, messages=[{"role": "user", "content": "Weather in Paris?"}]))
-
     attempt("instructor, create_partial (streamed)", lambda: list(instructor.from_openai(client).chat.completions
                                                                   .create_partial(model="m", response_model=Weather,
                                                                                   max_retries=0, messages=[
                                                                       {"role": "user", "content": "Paris?"}])))
 
+
+def record_langchain(base):
     from langchain_openai import ChatOpenAI
 
     llm = ChatOpenAI(base_url=base, api_key="x", model="m", max_retries=0)
     attempt("LangChain bind_tools", lambda: llm.bind_tools([get_weather]).invoke("Weather in Paris?"))
     attempt("LangChain with_structured_output", lambda: llm.with_structured_output(Weather).invoke("Paris?"))
 
+
+def record_pydantic_ai(base):
     from pydantic_ai import Agent as PAgent
     from pydantic_ai import NativeOutput
     from pydantic_ai.models.openai import OpenAIChatModel
@@ -122,6 +131,9 @@ def main() -> None:
     attempt("pydantic-ai NativeOutput with tools", lambda: PAgent(
         model, output_type=NativeOutput(Weather), tools=[get_weather]).run_sync("Weather in Paris?"))
 
+
+def record_agents(base):
+    import openai
     from agents import Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner, function_tool
     from agents import set_tracing_disabled
 
@@ -133,11 +145,64 @@ def main() -> None:
         attempt(f"{label}, tools + output_type", lambda m=m: Runner.run_sync(
             Agent(name="weather", instructions="Answer about weather.", model=m, tools=[tool], output_type=Weather),
             "Weather in Paris?"))
+
+
+def record_llamaindex(base):
+    # OpenAILike: LlamaIndex's class for OpenAI-compatible servers (its OpenAI class accepts OpenAI's model names only)
+    from llama_index.core.llms import ChatMessage
+    from llama_index.core.prompts import PromptTemplate
+    from llama_index.core.tools import FunctionTool
+    from llama_index.llms.openai_like import OpenAILike
+
+    llm = OpenAILike(model="m", api_base=base, api_key="x", is_chat_model=True, is_function_calling_model=True,
+                     max_retries=0)
+    attempt("LlamaIndex chat", lambda: llm.chat([ChatMessage(role="user", content="Hi")]))
+    attempt("LlamaIndex stream_chat", lambda: list(llm.stream_chat([ChatMessage(role="user", content="Hi")])))
+    attempt("LlamaIndex predict_and_call", lambda: llm.predict_and_call(
+        [FunctionTool.from_defaults(fn=get_weather)], "Weather in Paris?"))
+    attempt("LlamaIndex structured_predict", lambda: llm.structured_predict(
+        Weather, PromptTemplate("Weather in {city}?"), city="Paris"))
+
+
+def record_litellm(base):
+    import litellm
+
+    kw = dict(model="openai/m", api_base=base, api_key="x", num_retries=0)
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city.",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "city": {"type": "string"}}, "required": ["city"]}}}]
+    attempt("LiteLLM completion with tools", lambda: litellm.completion(messages=ask, tools=tools, **kw))
+    attempt("LiteLLM completion, response_format a pydantic model", lambda: litellm.completion(
+        messages=ask, response_format=Weather, **kw))
+    attempt("LiteLLM completion, streamed", lambda: list(litellm.completion(messages=ask, stream=True, **kw)))
+
+
+LIBRARIES = {"openai": ("openai SDK", record_openai), "instructor": ("instructor", record_instructor),
+             "langchain": ("LangChain", record_langchain), "pydantic-ai": ("pydantic-ai", record_pydantic_ai),
+             "agents": ("Agents SDK", record_agents), "llamaindex": ("LlamaIndex", record_llamaindex),
+             "litellm": ("LiteLLM", record_litellm)}
+
+
+def main() -> None:
+    """record.py [LIBRARY ...]: drives the named libraries (all without names) and replaces their bodies in
+    bodies.json, keeping the others'."""
+    names = sys.argv[1:] or list(LIBRARIES)
+    server = HTTPServer(("127.0.0.1", 0), Stub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}/v1"
+    for name in names:
+        LIBRARIES[name][1](base)
     server.shutdown()
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bodies.json")
+    labels = tuple(LIBRARIES[n][0] for n in names)
+    kept = []
+    if os.path.exists(out):
+        with open(out) as f:
+            kept = [b for b in json.load(f) if not b["use"].startswith(labels)]
     with open(out, "w") as f:
-        json.dump([{"use": u, "path": p, "body": b} for u, p, b in BODIES], f, indent=1)
-    print(f"{len(BODIES)} bodies -> {out}")
+        json.dump(kept + [{"use": u, "path": p, "body": b} for u, p, b in BODIES], f, indent=1)
+    print(f"{len(BODIES)} bodies of {', '.join(names)} -> {out}")
 
 
 if __name__ == "__main__":
