@@ -41,10 +41,11 @@ class DraftModelProposer(Proposer):
         from rtp_llm.tokenizer import Tokenizer
 
         tc = target.config
-        if tc.tp_size > 1:
-            raise ValueError("speculative_config: a draft model with tp_size > 1 is not supported (use method ngram)")
+        # Under tensor parallelism the draft runs whole in rank 0's process (it is small; its drafts reach the other
+        # ranks in the step message like n-gram drafts), and the target's ranks verify them together.
         dc = dataclasses.replace(tc, model=config.model, tokenizer=None, model_type=None, speculative_config=None,
-                                 dtype=config.dtype or tc.dtype, quantization=config.quantization or tc.quantization)
+                                 dtype=config.dtype or tc.dtype, quantization=config.quantization or tc.quantization,
+                                 tp_size=1)
         device = target.device
         self.model, self.cfg = load_engine_model(dc, device)
         self.vocab = min(self.cfg.vocab_size, target.vocab_size)

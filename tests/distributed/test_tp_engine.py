@@ -81,13 +81,18 @@ def test_tp_matches_tp1_and_transformers(tmp_path, variant, tp):
         assert got[f"g{i}"].outputs[0].token_ids == out[0, len(p):].tolist()
 
 
-def test_speculation_under_tp_changes_no_output_bit(tmp_path):
-    """N-gram drafts verified by two ranks (every drafted row's logits, LOGITS_ALL in the step message): tokens
-    and logprobs bit for bit those of the same TP=2 engine without speculation."""
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_speculation_under_tp_changes_no_output_bit(tmp_path, method):
+    """N-gram drafts, or a draft model's (the checkpoint itself, whole in rank 0's process), verified by two ranks
+    (every drafted row's logits, LOGITS_ALL in the step message): tokens and logprobs bit for bit those of the same
+    TP=2 engine without speculation."""
     hf = make_checkpoint(tmp_path, "qwen3_gqa2_headdim32_untied")
     _, arrivals = _workload(hf.config.vocab_size)
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2,
             "disable_by_batch_size": 16}
+    if method == "draft_model":
+        spec = {"method": "draft_model", "model": str(tmp_path), "num_speculative_tokens": 3,
+                "disable_by_batch_size": 16}
     plain, _ = _run(str(tmp_path), 2, arrivals)
     got, stats = _run(str(tmp_path), 2, arrivals, speculative_config=spec)
     assert stats["spec_decode_num_accepted_tokens"] > 0
