@@ -148,7 +148,7 @@ class ResponsesRequest(ApiRequest):
     stream: bool = False
     metadata: Optional[dict[str, str]] = Field(None, max_length=16)  # kept with the response, returned as given
     user: Optional[str] = Field(None, max_length=256)
-    truncation: Literal["disabled"] = "disabled"  # "auto" (dropping the oldest turns) is not implemented
+    truncation: Literal["auto", "disabled"] = "disabled"  # auto: the oldest turns dropped until the input fits
     include: Optional[list[str]] = Field(None, max_length=0)  # nothing extra to include: an empty list only
     # vLLM's extras, as on chat
     seed: Optional[int] = Field(None, ge=0, le=2**62)

@@ -84,6 +84,21 @@ def chat_request(srv: Server, req: ResponsesRequest, messages: list[dict]) -> Ch
                        param="input") from None
 
 
+def _fitting_plan(srv: Server, req: ResponsesRequest, items: list[dict]):
+    """The chat plan of the conversation; with truncation auto, of its longest tail that starts at a user turn and
+    fits max_model_len with the answer (OpenAI drops items from the beginning; cutting at a user turn never leaves a
+    tool result without its call). What still does not fit is refused as any long prompt is."""
+    while True:
+        plan = plan_chat(srv, chat_request(srv, req, chat_messages(items, req.instructions)))
+        if req.truncation != "auto" or len(plan.ids) + plan.params.max_tokens <= srv.max_model_len:
+            return plan
+        later = next((i for i in range(1, len(items))
+                      if items[i].get("type", "message") == "message" and items[i].get("role") == "user"), None)
+        if later is None:
+            return plan
+        items = items[later:]
+
+
 # --- the answer ------------------------------------------------------------------------------------------------
 def _reasoning_item(iid, text, status):
     return {"type": "reasoning", "id": iid, "summary": [], "content": [{"type": "reasoning_text", "text": text}],
@@ -116,7 +131,7 @@ def response_body(srv: Server, req: ResponsesRequest, rid: str, created: int, ou
             "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": req.previous_response_id,
             "reasoning": req.reasoning.model_dump() if req.reasoning else None, "store": req.store,
             "temperature": req.temperature, "top_p": req.top_p, "text": {"format": fmt}, "tool_choice": choice,
-            "tools": [t.model_dump(exclude_none=True) for t in req.tools or []], "truncation": "disabled",
+            "tools": [t.model_dump(exclude_none=True) for t in req.tools or []], "truncation": req.truncation,
             "user": req.user}
 
 
@@ -143,7 +158,7 @@ async def create_response(srv: Server, req: ResponsesRequest, request: Request):
     given = ([{"type": "message", "role": "user", "content": req.input}] if isinstance(req.input, str)
              else [it.model_dump(by_alias=True, exclude_none=True) for it in req.input])
     conversation = before + given
-    plan = plan_chat(srv, chat_request(srv, req, chat_messages(conversation, req.instructions)))
+    plan = _fitting_plan(srv, req, conversation)
     rid, created = _id("resp"), int(time.time())
     [stream] = await srv.submit(request, [plan.ids], [plan.params], [rid], req.user, plan.names, lora=lora)
 

@@ -170,7 +170,6 @@ def test_reasoning_comes_back_as_a_reasoning_item(thinking_server, server):
 
 
 @pytest.mark.parametrize("extra,param", [
-    ({"truncation": "auto"}, "truncation"),
     ({"include": ["reasoning.encrypted_content"]}, "include"),
     ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),
     ({"background": True}, "background"),
@@ -183,3 +182,26 @@ def test_what_is_not_implemented_is_a_400_naming_it(server, extra, param):
     r = httpx.post(server.url + "/v1/responses", json={"input": "hi", "max_output_tokens": 2, **extra}, timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"].startswith(param)
+
+
+def test_truncation_auto_drops_the_oldest_turns_until_the_input_fits(server):
+    """max_model_len is 1024 on the default server: six ~200-token turns do not fit; auto keeps the longest tail that
+    starts at a user turn and fits, and answers as /v1/chat/completions does on exactly that tail."""
+    turns = []
+    for i in range(6):
+        turns += [{"role": "user", "content": f"Question {i}: " + "tell me more " * 60},
+                  {"role": "assistant", "content": f"Answer {i}: " + "here is more " * 60}]
+    turns.append({"role": "user", "content": "Summarise."})
+    items = [{"type": "message", **t} for t in turns]
+    client = client_of(server)
+    with pytest.raises(openai.BadRequestError) as err:  # disabled (the default): too long is a 400
+        client.responses.create(model=SERVED_NAME, input=items, max_output_tokens=8, temperature=0)
+    assert "max_model_len" in err.value.body["message"]
+    r = client.responses.create(model=SERVED_NAME, input=items, max_output_tokens=8, temperature=0, truncation="auto")
+    assert r.truncation == "auto"
+    tails = [httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
+        "messages": turns[start:], "temperature": 0, "max_tokens": 8}) for start in range(0, len(turns), 2)]
+    assert tails[0].status_code == 400  # the whole conversation does not fit: turns were dropped
+    want = next(t for t in tails if t.status_code == 200).json()  # the longest tail that fits
+    assert r.output_text == want["choices"][0]["message"]["content"]
+    assert r.usage.input_tokens == want["usage"]["prompt_tokens"] <= 1024 - 8
