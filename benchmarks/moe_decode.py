@@ -171,9 +171,10 @@ def against_llamacpp(args) -> None:
             print(f"{name}: rtp_llm / {peer} {m}, same round:", " / ".join(f"{x:.2f}" for x in ratios), flush=True)
         if one:
             step = q4_k_m_b1_bytes(gguf, args.layers)
-            print(f"a B1 step reads {step / 1e6:.0f} MB of the file: {step / statistics.median([x['tpot_ms'] for x in res['rtp_llm']]) / 1e6:.1f}"
-                  f" GB/s at rtp_llm's median TPOT, {step / statistics.median([x['tpot_ms'] for x in res[peer]]) / 1e6:.1f}"
-                  f" at llama.cpp's, against the machine's {rate:.1f} GB/s streaming read", flush=True)
+            ours, theirs = (statistics.median(x["tpot_ms"] for x in res[e]) for e in ("rtp_llm", peer))
+            print(f"a B1 step reads {step / 1e6:.0f} MB of the file: {step / ours / 1e6:.1f} GB/s at rtp_llm's median "
+                  f"TPOT, {step / theirs / 1e6:.1f} at llama.cpp's, against the machine's {rate:.1f} GB/s streaming "
+                  "read", flush=True)
 
 
 def q4_k_m_b1_bytes(gguf_path: str, layers: int) -> int:

@@ -8,10 +8,11 @@
 Configurations: plain, ngram (--lookup lo,hi), lookup (method "lookup", n-grams of hi down to 1), draft (--draft).
 Workloads (chat prompts through the model's template, greedy, up to --max-tokens, natural EOS): input-grounded
 work where the answer repeats the input (rename in a source file, reformat a JSON document given compact or in
-json.dumps's spaced one-line form, quote a passage with small edits) and open chat. Outputs are the same bits with and without speculation (checked every round), so
-each configuration does the same work. Reported per workload and configuration: TPOT (time per output token after
-the first) min / median / max over rounds, the same-round ratio to plain decoding, the acceptance (accepted /
-drafted tokens) and how much of the output is copied from the prompt (characters in common runs of 20+).
+json.dumps's spaced one-line form, quote a passage with small edits) and open chat. Outputs are the same bits
+with and without speculation (checked every round), so each configuration does the same work. Reported per
+workload and configuration: TPOT (time per output token after the first) min / median / max over rounds, the
+same-round ratio to plain decoding, the acceptance (accepted / drafted tokens) and how much of the output is
+copied from the prompt (characters in common runs of 20+).
 --llamacpp: llama.cpp's own speculation on the same prompts (rtp-llm's chat template applied, greedy), in the
 same rounds: llama-lookup (n-gram lookup decoding, --spec-draft-n-max k; with 0 its plain decoding) and, with
 --llamacpp-draft, llama-speculative (draft-model speculation). TPOT is 1 / the "decoded ... speed" they print

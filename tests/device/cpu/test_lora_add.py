@@ -73,11 +73,17 @@ def test_fused_modules_packed_as_segments_give_the_dense_product(dtype):
     _assert_close(dense, _expected(x, y, [(None, a_t, bt)]), dtype)
 
 
-def test_every_row_alone_is_the_same_bits_as_in_a_step():
-    x, y, (w0, w1, w2) = _case(tokens=40)
-    groups = _packed([(torch.arange(0, 40, 3), *w0), (torch.arange(1, 40, 3), *w1), (torch.arange(2, 40, 3), *w2)])
+# (tokens, k): steps of many blocks and of the few a decode step has (3 groups of 1 row; of 7, 7 and 6 rows), with
+# adapters small and large enough for a split call
+@pytest.mark.parametrize("tokens,k", [(40, 70), (40, 600), (3, 600), (20, 600)])
+def test_every_row_alone_is_the_same_bits_as_in_a_step(tokens, k):
+    x, y, (w0, w1, w2) = _case(tokens=tokens, k=k)
+    groups = _packed([(torch.arange(0, tokens, 3), *w0), (torch.arange(1, tokens, 3), *w1),
+                      (torch.arange(2, tokens, 3), *w2)])
     together = y.clone()
     OPS.lora_add(x, together, groups)
+    _assert_close(together, _expected(x, y, [(rows, a_t, bt) for (rows, _, _, _), (a_t, bt)
+                                               in zip(groups, (w0, w1, w2))]), torch.float32)
     for rows, *packed in groups:
         for r in rows.tolist():
             alone = y[r:r + 1].clone()
