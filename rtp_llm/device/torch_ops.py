@@ -147,6 +147,8 @@ class TorchOps:
         """ids -> embedding rows of a QuantizedWeight (rtp_llm/models/quantized.py): its dequantized rows. A device
         whose head (tied_head: the LM head multiplying the same blocks, or None) holds a device form may read that;
         `like`: the (empty) embedding parameter, for the model's dtype and device."""
+        if quantized.packed is None:  # the file's blocks copied at load, not during the first request
+            _ = quantized.blocks
         if like.dtype == torch.float32:
             return quantized.rows
         return lambda ids: quantized.rows(ids).to(like.dtype)  # as a dense copy in the model's dtype would hold it
