@@ -83,15 +83,37 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool,
 def moe_experts(ops, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts) -> torch.Tensor:
     """sum over each token's experts e of weights * experts[e](h), in ascending expert order from zero (as
     transformers adds them); experts: gated MLPs (.gate_up, .down) run by ops.mlp. Tokens are grouped by expert,
-    so each routed expert's weights are read once, and an expert no token routes to is not read at all. One gather
-    before the experts and top_k adds after them, not a gather and a scatter per expert: a decode step routes to
-    most of the experts, and their per-call overhead was a quarter of a batch-1 step."""
-    tokens, top_k = ids.shape
+    so each routed expert's weights are read once, and an expert no token routes to is not read at all.
+
+    Two ways to the same additions in the same order (the same bits): a step with few rows per expert (decode)
+    gathers the routed rows once and adds each token's top_k results after the experts, where a gather and a scatter
+    per expert cost a quarter of a batch-1 step; a step with many (prefill) gathers and scatters per expert, where
+    the one-gather way's [tokens x top_k, hidden] copies ran the prefill 1.4-1.8x slower (benchmarks/README.md)."""
     flat = ids.flatten()
     order = torch.argsort(flat, stable=True)  # by expert, then by token
+    counts = torch.bincount(flat, minlength=len(experts)).tolist()
+    if flat.numel() <= 4 * len(experts):
+        return _gathered(ops, h, weights, ids, order, counts, experts)
+    out = torch.zeros_like(h)
+    tokens = order // ids.shape[1]
+    scales = weights.flatten()[order].unsqueeze(-1)
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        rows = tokens[start:start + count]
+        mlp = experts[expert]
+        y = ops.mlp(h.index_select(0, rows), mlp.gate_up, mlp.down)
+        out.index_add_(0, rows, (y * scales[start:start + count]).to(out.dtype))
+        start += count
+    return out
+
+
+def _gathered(ops, h, weights, ids, order, counts, experts) -> torch.Tensor:
+    tokens, top_k = ids.shape
     x = h.index_select(0, order // top_k)
     ys, start = [], 0
-    for expert, count in enumerate(torch.bincount(flat, minlength=len(experts)).tolist()):
+    for expert, count in enumerate(counts):
         if count:
             mlp = experts[expert]
             ys.append(ops.mlp(x[start:start + count], mlp.gate_up, mlp.down))
