@@ -86,9 +86,9 @@ def moe_experts(ops, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, 
     so each routed expert's weights are read once, and an expert no token routes to is not read at all.
 
     Two ways to the same additions in the same order (the same bits): a step with few rows per expert (decode)
-    gathers the routed rows once and adds each token's top_k results after the experts, where a gather and a scatter
-    per expert cost a quarter of a batch-1 step; a step with many (prefill) gathers and scatters per expert, where
-    the one-gather way's [tokens x top_k, hidden] copies ran the prefill 1.4-1.8x slower (benchmarks/README.md)."""
+    gathers the routed rows once and adds each token's top_k results after the experts, since there the small ops of
+    a gather and a scatter per expert outweigh the experts' own work; a step with many (prefill) gathers and scatters
+    per expert, since there the one-gather way's [tokens x top_k, hidden] copies cost more (benchmarks/README.md)."""
     flat = ids.flatten()
     order = torch.argsort(flat, stable=True)  # by expert, then by token
     counts = torch.bincount(flat, minlength=len(experts)).tolist()
