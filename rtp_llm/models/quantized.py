@@ -82,6 +82,11 @@ class QuantizedWeight:
         return self._parts[0]
 
     @property
+    def mapped(self) -> bool:
+        """Whether some of the blocks are still a view of the file's mapping (copied on first use of `blocks`)."""
+        return self._parts is not None and any(isinstance(p, np.ndarray) for p in self._parts)
+
+    @property
     def shape(self) -> tuple[int, int]:
         return self._shape
 

@@ -47,4 +47,6 @@ def test_experts_kept_as_stored_match_transformers_on_the_dequantized_values(tmp
             for lin in (mlp.gate_up, mlp.down):
                 assert lin.quantized is not None and lin.quantized.format == fmt and lin.weight.numel() == 0
     assert all(lin.quantized is None for layer in dense.layers for lin in layer.linears())
+    # an untied embedding's blocks are copied out of the file at load, not in the first request
+    assert model.embed_quantized.packed is None and not model.embed_quantized.mapped
     assert_blocks_match_reference(model, dense, cfg, PROMPTS, lambda prompt, n: hf_greedy(hf, prompt, n), 10)
